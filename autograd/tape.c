@@ -1,0 +1,271 @@
+/* The tape: node recording, saved tensors, gradient buffers, backward and
+ * hooks. Nodes are appended in creation order, which is a topological order,
+ * so backward is one reverse walk. A parameter's gradient is final once the
+ * walk passes the first node that used it; that is when its ready hook
+ * fires. */
+#include <string.h>
+
+#include "tensor/tensor_impl.h"
+
+static void store_clear_state(dg_params *ps) {
+  for (int i = 0; i < ps->n; i++) {
+    ps->first_use[i] = -1;
+    ps->fired[i] = 0;
+  }
+}
+
+static int involve_store(dg_ctx *ctx, dg_params *ps) {
+  for (int i = 0; i < ctx->nstores; i++)
+    if (ctx->stores[i] == ps) return DG_OK;
+  if (ctx->nstores == DG_MAX_STORES)
+    return dg__set_error(ctx, DG_EINVAL, "autograd: more than %d parameter stores in one tape",
+                         DG_MAX_STORES);
+  store_clear_state(ps);
+  ctx->stores[ctx->nstores++] = ps;
+  return DG_OK;
+}
+
+int dg__needs_grad(dg_ctx *ctx, int nin, dg_tensor *const *in) {
+  if (!ctx->grad_enabled) return 0;
+  for (int i = 0; i < nin; i++)
+    if (dg__wants_grad(in[i])) return 1;
+  return 0;
+}
+
+static int tape_push(dg_ctx *ctx, dg_node *n) {
+  if (ctx->ntape == ctx->tape_cap) {
+    int cap = ctx->tape_cap ? ctx->tape_cap * 2 : 256;
+    dg_node **t = dg__realloc(ctx->tape, (size_t)cap * sizeof *t);
+    if (!t) return DG_ENOMEM;
+    ctx->tape = t;
+    ctx->tape_cap = cap;
+  }
+  n->index = ctx->ntape;
+  ctx->tape[ctx->ntape++] = n;
+  return DG_OK;
+}
+
+dg_node *dg__record(dg_ctx *ctx, const char *op, dg_backward_fn fn, dg_tensor *out,
+                    int nin, dg_tensor *const *in) {
+  DG_ASSERT(nin <= DG_NODE_MAX_IN);
+  dg_node *n = dg__arena_alloc(&ctx->arena, sizeof *n);
+  if (!n || tape_push(ctx, n)) {
+    dg__set_error(ctx, DG_ENOMEM, "%s: out of memory recording the tape", op);
+    return NULL;
+  }
+  memset((char *)n + offsetof(dg_node, nin), 0, sizeof *n - offsetof(dg_node, nin));
+  n->index = ctx->ntape - 1;
+  n->op = op;
+  n->backward = fn;
+  n->out = out;
+  n->nin = nin;
+  for (int i = 0; i < nin; i++) {
+    dg_tensor *t = in[i];
+    n->in[i] = t;
+    if (t && t->params && t->param_id >= 0) {
+      if (involve_store(ctx, t->params)) return NULL;
+      if (t->params->first_use[t->param_id] < 0) t->params->first_use[t->param_id] = n->index;
+    }
+  }
+  out->node = n;
+  out->flags |= DG_TF_REQUIRES_GRAD;
+  return n;
+}
+
+int dg__save(dg_ctx *ctx, dg_node *node, dg_tensor *t) {
+  DG_ASSERT(node->nsaved < DG_NODE_MAX_SAVED);
+  void *h = t;
+  if (ctx->pack && t) {
+    h = ctx->pack(ctx->pack_user, ctx, t);
+    if (!h) return dg__set_error(ctx, DG_ENOMEM, "%s: saved-tensor pack hook failed", node->op);
+  }
+  node->saved[node->nsaved++] = h;
+  return DG_OK;
+}
+
+dg_tensor *dg__saved(dg_ctx *ctx, dg_node *node, int k) {
+  DG_ASSERT(k < node->nsaved);
+  void *h = node->saved[k];
+  if (!ctx->unpack || !h) return h;
+  dg_tensor *t = ctx->unpack(ctx->pack_user, ctx, h);
+  if (!t) dg__set_error(ctx, DG_ENOMEM, "%s: saved-tensor unpack hook failed", node->op);
+  return t;
+}
+
+float *dg__grad_buf(dg_ctx *ctx, dg_tensor *t) {
+  if (!dg__wants_grad(t)) return NULL;
+  if (t->grad) return t->grad->data;
+  dg_tensor *g;
+  if (t->flags & DG_TF_ARENA) {
+    g = dg__new(ctx, "backward", DG_F32, t->ndim, t->shape);
+    if (!g) return NULL;
+  } else if (dg_tensor_new(&g, DG_F32, t->ndim, t->shape)) {
+    dg__set_error(ctx, DG_ENOMEM, "backward: out of memory for a leaf gradient");
+    return NULL;
+  }
+  memset(g->data, 0, (size_t)dg__numel(g) * sizeof(float));
+  t->grad = g;
+  return g->data;
+}
+
+/* ---- hooks ---- */
+
+static int add_hook(dg_ctx *ctx, dg_hook *list, int *n, dg_hook h) {
+  if (*n == DG_MAX_HOOKS) return DG_EINVAL;
+  h.id = ++ctx->next_hook_id;
+  list[*n] = h;
+  return list[(*n)++].id;
+}
+
+int dg_ctx_add_grad_ready_hook(dg_ctx *ctx, dg_grad_ready_fn fn, void *user) {
+  if (!ctx || !fn) return DG_EINVAL;
+  dg_hook h = {0, fn, NULL, user};
+  return add_hook(ctx, ctx->ready_hooks, &ctx->nready_hooks, h);
+}
+
+int dg_ctx_add_backward_end_hook(dg_ctx *ctx, dg_backward_end_fn fn, void *user) {
+  if (!ctx || !fn) return DG_EINVAL;
+  dg_hook h = {0, NULL, fn, user};
+  return add_hook(ctx, ctx->end_hooks, &ctx->nend_hooks, h);
+}
+
+int dg_ctx_set_saved_tensor_hooks(dg_ctx *ctx, dg_pack_fn pack, dg_unpack_fn unpack,
+                                  void *user) {
+  if (!ctx || (!pack) != (!unpack)) return DG_EINVAL;
+  ctx->pack = pack;
+  ctx->unpack = unpack;
+  ctx->pack_user = user;
+  if (!pack) return ctx->pack_id = 0;
+  return ctx->pack_id = ++ctx->next_hook_id;
+}
+
+static int remove_from(dg_hook *list, int *n, int id) {
+  for (int i = 0; i < *n; i++) {
+    if (list[i].id != id) continue;
+    memmove(&list[i], &list[i + 1], (size_t)(*n - i - 1) * sizeof *list);
+    (*n)--;
+    return 1;
+  }
+  return 0;
+}
+
+int dg_ctx_remove_hook(dg_ctx *ctx, int id) {
+  if (!ctx || id <= 0) return DG_EINVAL;
+  if (remove_from(ctx->ready_hooks, &ctx->nready_hooks, id)) return DG_OK;
+  if (remove_from(ctx->end_hooks, &ctx->nend_hooks, id)) return DG_OK;
+  if (ctx->pack_id == id) return dg_ctx_set_saved_tensor_hooks(ctx, NULL, NULL, NULL);
+  return DG_ENOTFOUND;
+}
+
+int dg_ctx_attach_params(dg_ctx *ctx, dg_params *ps) {
+  if (!ctx || !ps) return DG_EINVAL;
+  for (int i = 0; i < ctx->nattached; i++)
+    if (ctx->attached[i] == ps) return DG_OK;
+  if (ctx->nattached == DG_MAX_STORES) return DG_EINVAL;
+  ctx->attached[ctx->nattached++] = ps;
+  return DG_OK;
+}
+
+int dg_set_grad_enabled(dg_ctx *ctx, int on) {
+  if (!ctx) return 0;
+  int prev = ctx->grad_enabled;
+  ctx->grad_enabled = !!on;
+  return prev;
+}
+int dg_is_grad_enabled(const dg_ctx *ctx) { return ctx ? ctx->grad_enabled : 0; }
+int dg_tape_size(const dg_ctx *ctx) { return ctx ? ctx->ntape : 0; }
+
+int dg_param_reached(const dg_params *ps, int i) {
+  return (ps && i >= 0 && i < ps->n) ? ps->reached[i] : 0;
+}
+int dg_params_unreached_count(const dg_params *ps) { return ps ? ps->unreached : 0; }
+
+/* ---- backward ---- */
+
+static void fire_ready(dg_ctx *ctx, dg_params *ps, int id, int reached) {
+  if (ps->fired[id] || !ps->trainable[id]) return;
+  ps->fired[id] = 1;
+  for (int h = 0; h < ctx->nready_hooks; h++)
+    ctx->ready_hooks[h].ready(ctx->ready_hooks[h].user, ps, id, reached);
+}
+
+static int run_node(dg_ctx *ctx, dg_node *n) {
+  if (!n->out->grad) return DG_OK; /* not reached from the loss */
+  int rc = n->backward(ctx, n);
+  if (rc) return rc;
+  if (ctx->err) return ctx->err;
+  for (int k = 0; k < n->nin; k++) {
+    dg_tensor *t = n->in[k];
+    if (t && t->params && t->param_id >= 0 && t->params->trainable[t->param_id])
+      t->params->reached[t->param_id] = 1;
+  }
+  return DG_OK;
+}
+
+static void finish_stores(dg_ctx *ctx) {
+  for (int s = 0; s < ctx->nstores; s++) {
+    dg_params *ps = ctx->stores[s];
+    ps->unreached = 0;
+    for (int i = 0; i < ps->n; i++) {
+      if (!ps->trainable[i]) continue;
+      if (!ps->fired[i]) fire_ready(ctx, ps, i, 0);
+      if (!ps->reached[i]) ps->unreached++;
+    }
+  }
+}
+
+static int walk(dg_ctx *ctx) {
+  for (int i = ctx->ntape - 1; i >= 0; i--) {
+    dg_node *n = ctx->tape[i];
+    int rc = run_node(ctx, n);
+    if (rc) return rc;
+    for (int k = 0; k < n->nin; k++) {
+      dg_tensor *t = n->in[k];
+      if (t && t->params && t->param_id >= 0 && t->params->first_use[t->param_id] == i)
+        fire_ready(ctx, t->params, t->param_id, t->params->reached[t->param_id]);
+    }
+  }
+  return DG_OK;
+}
+
+int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
+  if (!ctx) return DG_EINVAL;
+  if (!out) return dg__set_error(ctx, DG_EINVAL, "backward: output is NULL");
+  if (ctx->in_backward) return dg__set_error(ctx, DG_ESTATE, "backward: called from a hook");
+  if (!dg__wants_grad(out))
+    return dg__set_error(ctx, DG_EINVAL,
+                         "backward: the output does not require grad (no parameter or "
+                         "grad-requiring input reaches it, or grad mode was off)");
+  if (grad_out && (!dg__same_shape(out, grad_out) || grad_out->dtype != DG_F32)) {
+    char a[96], b[96];
+    return dg__set_error(ctx, DG_ESHAPE, "backward: grad_out %s does not match output %s",
+                         dg__shape_str(grad_out, b, sizeof b), dg__shape_str(out, a, sizeof a));
+  }
+  for (int i = 0; i < ctx->nattached; i++)
+    if (involve_store(ctx, ctx->attached[i])) return ctx->err;
+  for (int s = 0; s < ctx->nstores; s++)
+    memset(ctx->stores[s]->reached, 0, (size_t)ctx->stores[s]->n);
+  float *g = dg__grad_buf(ctx, out);
+  if (!g) return ctx->err ? ctx->err : DG_ENOMEM;
+  int64_t n = dg__numel(out);
+  const float *go = grad_out ? dg__contig_data(ctx, "backward", grad_out) : NULL;
+  if (grad_out && !go) return ctx->err;
+  for (int64_t i = 0; i < n; i++) g[i] += go ? go[i] : 1.0f;
+
+  int prev = dg_set_grad_enabled(ctx, 0);
+  ctx->in_backward = 1;
+  int rc = walk(ctx);
+  if (!rc) finish_stores(ctx);
+  for (int h = 0; !rc && h < ctx->nend_hooks; h++)
+    rc = ctx->end_hooks[h].end(ctx->end_hooks[h].user, ctx);
+  ctx->in_backward = 0;
+  dg_set_grad_enabled(ctx, prev);
+  for (int s = 0; s < ctx->nstores; s++) store_clear_state(ctx->stores[s]);
+  ctx->nstores = 0;
+  ctx->ntape = 0;
+  if (rc && !ctx->err) dg__set_error(ctx, rc, "backward: a backward-end hook failed (%s)",
+                                     dg_strerror(rc));
+  return rc;
+}
+
+int dg_backward(dg_ctx *ctx, dg_tensor *loss) { return dg_backward_with(ctx, loss, NULL); }

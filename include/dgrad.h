@@ -1,0 +1,11 @@
+/* dgrad — embeddable autograd engine with data-parallel training.
+ * Umbrella header: includes every public module. */
+#ifndef DGRAD_H
+#define DGRAD_H
+
+#include "dgrad/common.h"
+#include "dgrad/tensor.h"
+#include "dgrad/autograd.h"
+#include "dgrad/ops.h"
+
+#endif

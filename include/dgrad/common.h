@@ -1,0 +1,111 @@
+/* dgrad/common.h — version, status codes, dtypes, logging, allocator hook.
+ *
+ * Thread-safety: everything here may be called from any thread, except
+ * dg_set_log_fn / dg_set_allocator, which must be called before other dgrad
+ * calls (they are process-wide settings). */
+#ifndef DGRAD_COMMON_H
+#define DGRAD_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DG_VERSION_MAJOR 0
+#define DG_VERSION_MINOR 1
+#define DG_VERSION_PATCH 0
+#define DG_VERSION_HEX \
+  ((DG_VERSION_MAJOR << 16) | (DG_VERSION_MINOR << 8) | DG_VERSION_PATCH)
+
+/* "0.1.0"; static storage. */
+const char *dg_version(void);
+unsigned dg_version_hex(void);
+
+/* Status codes: DG_OK (0) or negative. One table generates the enum,
+ * dg_strerror() and dg_err_name(). */
+#define DG_ERRNO_MAP(X)                                            \
+  X(EINVAL, -1, "invalid argument")                                \
+  X(ENOMEM, -2, "out of memory")                                   \
+  X(ESHAPE, -3, "shape mismatch")                                  \
+  X(EDTYPE, -4, "dtype mismatch or unsupported dtype")             \
+  X(EDEVICE, -5, "device mismatch or device unavailable")          \
+  X(EIO, -6, "input/output error")                                 \
+  X(EFORMAT, -7, "malformed file or message")                      \
+  X(ENOTFOUND, -8, "not found")                                    \
+  X(ETIMEDOUT, -9, "operation timed out")                          \
+  X(EPEER, -10, "peer failed or disconnected")                     \
+  X(ESTATE, -11, "operation not valid in the current state")       \
+  X(EMISMATCH, -12, "mismatch between ranks")                      \
+  X(ECLOSED, -13, "closed")                                        \
+  X(EAGAIN, -14, "resource temporarily unavailable")               \
+  X(EUNSUPPORTED, -15, "not supported by this build or device")   \
+  X(ESYS, -16, "system call failed")
+
+typedef enum {
+  DG_OK = 0,
+#define DG__ERR_ENUM(name, val, msg) DG_##name = val,
+  DG_ERRNO_MAP(DG__ERR_ENUM)
+#undef DG__ERR_ENUM
+  DG__ERR_MIN = -17
+} dg_status;
+
+/* Static text for a code ("shape mismatch"), or "unknown error". */
+const char *dg_strerror(int code);
+/* Static name for a code ("DG_ESHAPE"), or "DG_UNKNOWN". */
+const char *dg_err_name(int code);
+
+/* Element types. Ops compute in f32; f16/bf16 are storage and communication
+ * types (convert with dg_tensor_to_dtype); i32/i64 hold indices. */
+typedef enum {
+  DG_F32 = 0,
+  DG_F16 = 1,
+  DG_BF16 = 2,
+  DG_I32 = 3,
+  DG_I64 = 4,
+  DG_F64 = 5,
+  DG_NDTYPES = 6
+} dg_dtype;
+
+size_t dg_dtype_size(dg_dtype dt);
+const char *dg_dtype_name(dg_dtype dt); /* "f32", ...; "?" when invalid */
+
+/* Scalar conversions (round to nearest even). */
+uint16_t dg_f32_to_f16(float f);
+float dg_f16_to_f32(uint16_t h);
+uint16_t dg_f32_to_bf16(float f);
+float dg_bf16_to_f32(uint16_t h);
+
+/* Logging. Levels as in syslog order; DG_LOG env var ("error", "warn",
+ * "info", "debug") sets the threshold; default "warn". Library code logs
+ * only through this; it never prints to stdout. */
+typedef enum {
+  DG_LOG_ERROR = 0,
+  DG_LOG_WARN = 1,
+  DG_LOG_INFO = 2,
+  DG_LOG_DEBUG = 3
+} dg_log_level;
+typedef void (*dg_log_fn)(void *user, dg_log_level level, const char *msg);
+/* Replace the sink (NULL restores stderr). */
+void dg_set_log_fn(dg_log_fn fn, void *user);
+void dg_set_log_level(dg_log_level level);
+dg_log_level dg_get_log_level(void);
+
+/* Replaceable allocator for every heap allocation dgrad makes (libuv style).
+ * Pass NULLs to restore malloc/realloc/free. Returns DG_EINVAL when only some
+ * are given. */
+typedef void *(*dg_malloc_fn)(size_t size);
+typedef void *(*dg_realloc_fn)(void *ptr, size_t size);
+typedef void (*dg_free_fn)(void *ptr);
+int dg_set_allocator(dg_malloc_fn m, dg_realloc_fn r, dg_free_fn f);
+
+/* Threads used by compute kernels (OpenBLAS and dgrad's own loops). 0 means
+ * "DG_NUM_THREADS or 1". */
+void dg_set_num_threads(int n);
+int dg_get_num_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DGRAD_COMMON_H */

@@ -1,0 +1,79 @@
+/* dgrad/store.h — rendezvous key-value stores.
+ *
+ * Four kinds behind one handle:
+ *   - TCP: PyTorch 1.13 TCPStore wire protocol, server and client, so torch
+ *     processes and dgrad processes rendezvous through the same store;
+ *   - file: Gloo FileStore layout (one file per key, named by libstdc++'s
+ *     std::hash of the key), so a C++ libgloo program can share it;
+ *   - in-process: for tests with ranks as threads;
+ *   - prefix: wraps another store, key k becomes "<prefix>/<k>".
+ * Every blocking call takes a deadline (timeout in milliseconds; <= 0 means
+ * the store's default timeout). On timeout: DG_ETIMEDOUT, with the missing
+ * keys named in dg_store_errmsg().
+ *
+ * Thread-safety: one store handle may be used from several threads; calls
+ * are serialised internally (one request in flight per TCP connection, as
+ * the protocol requires). */
+#ifndef DGRAD_STORE_H
+#define DGRAD_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dgrad/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dg_store dg_store;
+
+typedef struct {
+  const char *host;   /* server address to bind (server) or connect to */
+  int port;           /* 0 with is_server: pick a free port (see dg_store_port) */
+  int is_server;      /* host the store in this process (rank 0, as torch does) */
+  int world_size;     /* clients expected; the server waits for the "init/"
+                         counter to reach it when wait_workers is set */
+  int wait_workers;
+  int timeout_ms;     /* default deadline for every wait; 0: 300000 */
+} dg_tcp_store_opts;
+
+int dg_tcp_store_new(dg_store **out, const dg_tcp_store_opts *opts);
+/* The port a TCP store server listens on, or that a client connected to. */
+int dg_store_port(const dg_store *s);
+
+int dg_file_store_new(dg_store **out, const char *dir, int timeout_ms);
+int dg_mem_store_new(dg_store **out, int timeout_ms);
+/* Shares an in-process store between handles (ranks as threads); each handle
+ * must be freed. */
+int dg_mem_store_clone(dg_store **out, dg_store *s);
+/* Wraps `base` (not owned; must outlive the prefix store). */
+int dg_prefix_store_new(dg_store **out, dg_store *base, const char *prefix);
+
+void dg_store_free(dg_store *s); /* NULL: no-op */
+
+int dg_store_set(dg_store *s, const char *key, const void *val, size_t len);
+/* Waits for the key up to the deadline, then returns a copy in *val (free
+ * with dg_store_value_free) and its length. */
+int dg_store_get(dg_store *s, const char *key, void **val, size_t *len, int timeout_ms);
+void dg_store_value_free(void *val);
+/* Atomic add to a decimal integer value (missing key counts as 0). */
+int dg_store_add(dg_store *s, const char *key, int64_t delta, int64_t *result);
+/* Sets `desired` when the current value equals `expected` (a missing key
+ * matches an empty `expected`); returns the value now stored. */
+int dg_store_compare_set(dg_store *s, const char *key, const void *expected,
+                         size_t elen, const void *desired, size_t dlen,
+                         void **cur, size_t *curlen);
+/* 1 in *present when all keys exist, else 0. Never blocks. */
+int dg_store_check(dg_store *s, const char *const *keys, int nkeys, int *present);
+int dg_store_wait(dg_store *s, const char *const *keys, int nkeys, int timeout_ms);
+int dg_store_delete(dg_store *s, const char *key, int *deleted);
+int dg_store_num_keys(dg_store *s, int64_t *n);
+
+/* Detail of the last failure on this handle (thread-local to the handle). */
+const char *dg_store_errmsg(const dg_store *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DGRAD_STORE_H */

@@ -1,0 +1,75 @@
+/* Step arena: bump allocation in chunks. Reset keeps the memory; when a step
+ * needed more than one chunk, reset replaces them by one chunk big enough for
+ * the whole step, so from the second step on nothing is allocated. */
+#include <string.h>
+
+#include "tensor/tensor_impl.h"
+
+#define HDR (((sizeof(dg_arena_chunk) + DG_ALIGN - 1) / DG_ALIGN) * DG_ALIGN)
+
+static dg_arena_chunk *chunk_new(size_t cap) {
+  dg_arena_chunk *c = dg__dev_alloc(DG_CPU, HDR + cap);
+  if (!c) return NULL;
+  c->next = NULL;
+  c->cap = cap;
+  c->used = 0;
+  return c;
+}
+
+static void chunk_free(dg_arena_chunk *c) { dg__dev_free(DG_CPU, c, HDR + c->cap); }
+
+void *dg__arena_alloc(dg_arena *a, size_t n) {
+  n = (n + DG_ALIGN - 1) & ~(size_t)(DG_ALIGN - 1);
+  if (!n) n = DG_ALIGN;
+  dg_arena_chunk *c = a->cur;
+  while (c && c->used + n > c->cap) c = c->next;
+  if (!c) {
+    size_t cap = a->reserved ? a->reserved : ((size_t)1 << 20);
+    if (cap < n) cap = n;
+    c = chunk_new(cap);
+    if (!c) return NULL;
+    /* append at the end of the list */
+    if (!a->head) {
+      a->head = c;
+    } else {
+      dg_arena_chunk *t = a->head;
+      while (t->next) t = t->next;
+      t->next = c;
+    }
+    a->reserved += cap;
+  }
+  a->cur = c;
+  void *p = (char *)c + HDR + c->used;
+  c->used += n;
+  a->used += n;
+  if (a->used > a->peak) a->peak = a->used;
+  return p;
+}
+
+void dg__arena_reset(dg_arena *a) {
+  if (a->head && a->head->next) {
+    /* several chunks: merge into one that fits a whole step */
+    size_t total = 0;
+    for (dg_arena_chunk *c = a->head; c; c = c->next) total += c->cap;
+    dg_arena_chunk *one = chunk_new(total);
+    if (one) {
+      dg__arena_free(a);
+      a->head = one;
+      a->reserved = total;
+    }
+  }
+  for (dg_arena_chunk *c = a->head; c; c = c->next) c->used = 0;
+  a->cur = a->head;
+  a->used = 0;
+}
+
+void dg__arena_free(dg_arena *a) {
+  dg_arena_chunk *c = a->head;
+  while (c) {
+    dg_arena_chunk *n = c->next;
+    chunk_free(c);
+    c = n;
+  }
+  a->head = a->cur = NULL;
+  a->reserved = a->used = 0;
+}

@@ -1,0 +1,195 @@
+/* matmul, batched matmul and linear, forward and backward.
+ *
+ * Operand layouts: a logical (.., R, C) operand is used in place when its last
+ * two dims are row-major (stride (C, 1)) or column-major (a transposed
+ * contiguous tensor, stride (1, R)): the second just flips the GEMM transpose
+ * flag. Anything else is packed first. Gradients are always written in the
+ * operand's logical row-major layout. */
+#include <string.h>
+
+#include "tensor/cpu/cpu_impl.h"
+
+typedef struct {
+  const float *p;
+  int64_t rows, cols; /* logical last two dims */
+  int64_t ld;         /* stored row length */
+  int64_t bstride;    /* elements between batch items (0: shared) */
+  int colmajor;
+} mat_view;
+
+/* Describes x's last two dims for GEMM, packing it when needed. */
+static int mat_of(dg_ctx *ctx, const char *op, dg_tensor *x, int64_t batch, mat_view *m) {
+  int nd = x->ndim;
+  m->rows = x->shape[nd - 2];
+  m->cols = x->shape[nd - 1];
+  const int64_t *s = x->stride + nd - 2;
+  int batched = nd == 3;
+  if (s[1] == 1 && (s[0] == m->cols || m->rows == 1) &&
+      (!batched || x->shape[0] == 1 || x->stride[0] == m->rows * m->cols)) {
+    m->p = x->data, m->ld = m->cols, m->colmajor = 0;
+  } else if (s[0] == 1 && (s[1] == m->rows || m->cols == 1) &&
+             (!batched || x->shape[0] == 1 || x->stride[0] == m->rows * m->cols)) {
+    m->p = x->data, m->ld = m->rows, m->colmajor = 1;
+  } else {
+    m->p = dg__contig_data(ctx, op, x);
+    if (!m->p) return ctx->err;
+    m->ld = m->cols, m->colmajor = 0;
+  }
+  if (m->ld < 1) m->ld = 1;
+  m->bstride = (batched && batch > 1) ? m->rows * m->cols : 0;
+  return DG_OK;
+}
+
+/* ---- matmul ---- */
+
+static int matmul_backward(dg_ctx *ctx, dg_node *n) {
+  dg_tensor *a = n->in[0], *b = n->in[1];
+  int ta = (int)n->i[0], tb = (int)n->i[1];
+  int64_t B = n->i[2];
+  dg_tensor *sa = dg__saved(ctx, n, 0), *sb = dg__saved(ctx, n, 1);
+  if (!sa || !sb) return ctx->err;
+  const float *dc = n->out->grad->data; /* (B, M, N) */
+  int64_t Mo = n->out->shape[n->out->ndim - 2], No = n->out->shape[n->out->ndim - 1];
+  int64_t K = ta ? sa->shape[sa->ndim - 2] : sa->shape[sa->ndim - 1];
+  mat_view A, Bv;
+  if (mat_of(ctx, "matmul backward", sa, B, &A) || mat_of(ctx, "matmul backward", sb, B, &Bv))
+    return ctx->err;
+  int tA = ta ^ A.colmajor, tB = tb ^ Bv.colmajor;
+  float *da = dg__grad_buf(ctx, a), *db = dg__grad_buf(ctx, b);
+  if ((dg__wants_grad(a) && !da) || (dg__wants_grad(b) && !db)) return ctx->err;
+  int64_t a_bs = A.bstride ? A.rows * A.cols : 0, b_bs = Bv.bstride ? Bv.rows * Bv.cols : 0;
+  for (int64_t i = 0; i < B; i++) {
+    const float *dci = dc + i * Mo * No;
+    if (da) {
+      float *dai = da + i * a_bs; /* logical (M,K) or (K,M) row-major */
+      const float *bi = Bv.p + i * Bv.bstride;
+      if (!ta) dg__sgemm(0, !tB, Mo, K, No, 1.0f, dci, No, bi, Bv.ld, 1.0f, dai, K);
+      else dg__sgemm(tB, 1, K, Mo, No, 1.0f, bi, Bv.ld, dci, No, 1.0f, dai, Mo);
+    }
+    if (db) {
+      float *dbi = db + i * b_bs;
+      const float *ai = A.p + i * A.bstride;
+      if (!tb) dg__sgemm(!tA, 0, K, No, Mo, 1.0f, ai, A.ld, dci, No, 1.0f, dbi, No);
+      else dg__sgemm(1, tA, No, K, Mo, 1.0f, dci, No, ai, A.ld, 1.0f, dbi, K);
+    }
+  }
+  return DG_OK;
+}
+
+static int matmul_check(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, int ta, int tb,
+                        int64_t *B, int64_t *M, int64_t *N, int64_t *K) {
+  char sa[96], sb[96];
+  if (!dg__check_f32(ctx, "matmul", "a", a) || !dg__check_f32(ctx, "matmul", "b", b))
+    return ctx->err;
+  if (a->ndim < 2 || a->ndim > 3 || b->ndim < 2 || b->ndim > 3 ||
+      (a->ndim == 2 && b->ndim == 3))
+    return dg__set_error(ctx, DG_ESHAPE,
+                         "matmul: need (M,K)@(K,N), (B,M,K)@(B,K,N) or (B,M,K)@(K,N); got a %s, b %s",
+                         dg__shape_str(a, sa, sizeof sa), dg__shape_str(b, sb, sizeof sb));
+  int na = a->ndim, nb = b->ndim;
+  *M = ta ? a->shape[na - 1] : a->shape[na - 2];
+  *K = ta ? a->shape[na - 2] : a->shape[na - 1];
+  int64_t Kb = tb ? b->shape[nb - 1] : b->shape[nb - 2];
+  *N = tb ? b->shape[nb - 2] : b->shape[nb - 1];
+  *B = na == 3 ? a->shape[0] : 1;
+  if (Kb != *K || (nb == 3 && b->shape[0] != *B))
+    return dg__set_error(ctx, DG_ESHAPE, "matmul: inner dims differ: a %s%s, b %s%s",
+                         dg__shape_str(a, sa, sizeof sa), ta ? "^T" : "",
+                         dg__shape_str(b, sb, sizeof sb), tb ? "^T" : "");
+  return DG_OK;
+}
+
+dg_tensor *dg_matmul_t(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, int ta, int tb) {
+  if (!ctx || dg__null_input(ctx, "matmul", "a", a) || dg__null_input(ctx, "matmul", "b", b))
+    return NULL;
+  int64_t B = 0, M = 0, N = 0, K = 0;
+  if (matmul_check(ctx, a, b, ta, tb, &B, &M, &N, &K)) return NULL;
+  int64_t shape[3] = {B, M, N};
+  dg_tensor *c = a->ndim == 3 ? dg__new(ctx, "matmul", DG_F32, 3, shape)
+                              : dg__new(ctx, "matmul", DG_F32, 2, shape + 1);
+  if (!c) return NULL;
+  mat_view A, Bv;
+  if (mat_of(ctx, "matmul", a, B, &A) || mat_of(ctx, "matmul", b, B, &Bv)) return NULL;
+  int tA = ta ^ A.colmajor, tB = tb ^ Bv.colmajor;
+  float *cp = c->data;
+  if (B > 1 && !Bv.bstride && !tA && A.ld == K) /* shared b: one GEMM over B*M rows */
+    dg__sgemm(0, tB, B * M, N, K, 1.0f, A.p, A.ld, Bv.p, Bv.ld, 0.0f, cp, N);
+  else
+    for (int64_t i = 0; i < B; i++)
+      dg__sgemm(tA, tB, M, N, K, 1.0f, A.p + i * A.bstride, A.ld, Bv.p + i * Bv.bstride, Bv.ld,
+                0.0f, cp + i * M * N, N);
+  dg_tensor *in[2] = {a, b};
+  if (dg__needs_grad(ctx, 2, in)) {
+    dg_node *n = dg__record(ctx, "matmul", matmul_backward, c, 2, in);
+    if (!n || dg__save(ctx, n, a) || dg__save(ctx, n, b)) return NULL;
+    n->i[0] = ta, n->i[1] = tb, n->i[2] = B;
+  }
+  return c;
+}
+
+dg_tensor *dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b) {
+  return dg_matmul_t(ctx, a, b, 0, 0);
+}
+
+/* ---- linear: y(R, O) = x(R, I) w(O, I)^T + b(O) ---- */
+
+static int linear_backward(dg_ctx *ctx, dg_node *n) {
+  dg_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+  dg_tensor *sx = dg__saved(ctx, n, 0), *sw = dg__saved(ctx, n, 1);
+  if (!sx || !sw) return ctx->err;
+  int64_t R = n->i[0], I = n->i[1], O = n->i[2];
+  const float *dy = n->out->grad->data; /* (R, O) */
+  const float *xp = dg__contig_data(ctx, "linear backward", sx);
+  const float *wp = dg__contig_data(ctx, "linear backward", sw);
+  if (!xp || !wp) return ctx->err;
+  float *dx = dg__grad_buf(ctx, x), *dw = dg__grad_buf(ctx, w), *db = dg__grad_buf(ctx, b);
+  if (ctx->err) return ctx->err;
+  if (dx) dg__sgemm(0, 0, R, I, O, 1.0f, dy, O, wp, I, 1.0f, dx, I);  /* dy(R,O) w(O,I) */
+  if (dw) dg__sgemm(1, 0, O, I, R, 1.0f, dy, O, xp, I, 1.0f, dw, I);  /* dy^T(O,R) x(R,I) */
+  if (db)
+    for (int64_t r = 0; r < R; r++) {
+      const float *row = dy + r * O;
+      for (int64_t o = 0; o < O; o++) db[o] += row[o];
+    }
+  return DG_OK;
+}
+
+dg_tensor *dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b) {
+  if (!ctx || dg__null_input(ctx, "linear", "x", x) || dg__null_input(ctx, "linear", "w", w))
+    return NULL;
+  if (!dg__check_f32(ctx, "linear", "x", x) || !dg__check_f32(ctx, "linear", "w", w) ||
+      (b && !dg__check_f32(ctx, "linear", "b", b)))
+    return NULL;
+  char sx[96], sw[96], sb[96];
+  int64_t I = x->ndim ? x->shape[x->ndim - 1] : 0;
+  if (x->ndim < 1 || w->ndim != 2 || w->shape[1] != I ||
+      (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))) {
+    dg__set_error(ctx, DG_ESHAPE, "linear: x %s, w %s (want (out, %lld)), b %s",
+                  dg__shape_str(x, sx, sizeof sx), dg__shape_str(w, sw, sizeof sw),
+                  (long long)I, b ? dg__shape_str(b, sb, sizeof sb) : "none");
+    return NULL;
+  }
+  int64_t O = w->shape[0], R = dg__numel(x) / (I ? I : 1);
+  if (!I) R = 1;
+  int64_t shape[DG_MAX_DIMS];
+  for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
+  shape[x->ndim - 1] = O;
+  dg_tensor *y = dg__new(ctx, "linear", DG_F32, x->ndim, shape);
+  const float *xp = y ? dg__contig_data(ctx, "linear", x) : NULL;
+  const float *wp = xp ? dg__contig_data(ctx, "linear", w) : NULL;
+  if (!wp) return NULL;
+  float *yp = y->data;
+  if (b) {
+    const float *bp = dg__contig_data(ctx, "linear", b);
+    if (!bp) return NULL;
+    for (int64_t r = 0; r < R; r++) memcpy(yp + r * O, bp, (size_t)O * sizeof(float));
+  }
+  dg__sgemm(0, 1, R, O, I, 1.0f, xp, I, wp, I, b ? 1.0f : 0.0f, yp, O);
+  dg_tensor *in[3] = {x, w, b};
+  if (dg__needs_grad(ctx, 3, in)) {
+    dg_node *n = dg__record(ctx, "linear", linear_backward, y, b ? 3 : 2, in);
+    if (!n || dg__save(ctx, n, x) || dg__save(ctx, n, w)) return NULL;
+    n->i[0] = R, n->i[1] = I, n->i[2] = O;
+  }
+  return y;
+}

@@ -1,0 +1,166 @@
+/* Views: reshape, slice along dim 0, transpose, permute, and contiguous.
+ * Views share the input's memory; backward adds the output gradient back into
+ * the input's (logical, contiguous) gradient. */
+#include <string.h>
+
+#include "tensor/cpu/cpu_impl.h"
+
+/* dx += dy where both are contiguous in the same element order. */
+static int flat_backward(dg_ctx *ctx, dg_node *n) {
+  float *dx = dg__grad_buf(ctx, n->in[0]);
+  if (!dx) return ctx->err;
+  const float *dy = n->out->grad->data;
+  for (int64_t i = 0, m = dg__numel(n->out); i < m; i++) dx[i] += dy[i];
+  return DG_OK;
+}
+
+static int record1(dg_ctx *ctx, const char *op, dg_backward_fn fn, dg_tensor *y,
+                   dg_tensor *x, dg_node **out) {
+  *out = NULL;
+  if (!dg__needs_grad(ctx, 1, &x)) return DG_OK;
+  *out = dg__record(ctx, op, fn, y, 1, &x);
+  return *out ? DG_OK : ctx->err;
+}
+
+/* ---- contiguous ---- */
+
+dg_tensor *dg_contiguous(dg_ctx *ctx, dg_tensor *x) {
+  if (!ctx || dg__null_input(ctx, "contiguous", "x", x)) return NULL;
+  if (dg__is_contig(x)) return x;
+  if (!dg__check_f32(ctx, "contiguous", "x", x)) return NULL;
+  const float *d = dg__contig_data(ctx, "contiguous", x);
+  if (!d) return NULL;
+  /* dg__contig_data allocated a fresh arena tensor; wrap it */
+  dg_tensor *y = dg__alias(ctx, "contiguous", x);
+  if (!y) return NULL;
+  y->data = (void *)d;
+  dg__set_contig_strides(y);
+  dg_node *n;
+  if (record1(ctx, "contiguous", flat_backward, y, x, &n)) return NULL;
+  return y;
+}
+
+/* ---- reshape ---- */
+
+dg_tensor *dg_reshape(dg_ctx *ctx, dg_tensor *x, int ndim, const int64_t *shape) {
+  if (!ctx || dg__null_input(ctx, "reshape", "x", x)) return NULL;
+  char sx[96];
+  if (ndim < 0 || ndim > DG_MAX_DIMS || (ndim && !shape)) {
+    dg__set_error(ctx, DG_EINVAL, "reshape: ndim %d outside [0, %d]", ndim, DG_MAX_DIMS);
+    return NULL;
+  }
+  int64_t known = 1, n = dg__numel(x), sh[DG_MAX_DIMS];
+  int infer = -1;
+  for (int i = 0; i < ndim; i++) {
+    sh[i] = shape[i];
+    if (shape[i] == -1 && infer < 0) infer = i;
+    else if (shape[i] < 0) infer = -2;
+    else known *= shape[i];
+  }
+  if (infer >= 0 && known > 0 && n % known == 0) sh[infer] = n / known;
+  int64_t got = 1;
+  for (int i = 0; i < ndim; i++) got *= sh[i];
+  if (infer == -2 || (infer >= 0 && (known == 0 || n % known)) || got != n) {
+    dg__set_error(ctx, DG_ESHAPE, "reshape: cannot view %s (%lld elements) with the requested %d-dim shape",
+                  dg__shape_str(x, sx, sizeof sx), (long long)n, ndim);
+    return NULL;
+  }
+  dg_tensor *src = x;
+  if (!dg__is_contig(x)) src = dg_contiguous(ctx, x);
+  if (!src) return NULL;
+  dg_tensor *y = dg__alias(ctx, "reshape", src);
+  if (!y) return NULL;
+  y->ndim = ndim;
+  for (int i = 0; i < ndim; i++) y->shape[i] = sh[i];
+  dg__set_contig_strides(y);
+  dg_node *nd;
+  if (record1(ctx, "reshape", flat_backward, y, src, &nd)) return NULL;
+  return y;
+}
+
+/* ---- slice along dim 0 ---- */
+
+static int slice_backward(dg_ctx *ctx, dg_node *n) {
+  float *dx = dg__grad_buf(ctx, n->in[0]);
+  if (!dx) return ctx->err;
+  dg_tensor *x = n->in[0];
+  int64_t row = x->shape[0] ? dg__numel(x) / x->shape[0] : 0;
+  const float *dy = n->out->grad->data;
+  float *d = dx + n->i[0] * row;
+  for (int64_t i = 0, m = dg__numel(n->out); i < m; i++) d[i] += dy[i];
+  return DG_OK;
+}
+
+dg_tensor *dg_slice(dg_ctx *ctx, dg_tensor *x, int64_t start, int64_t end) {
+  if (!ctx || dg__null_input(ctx, "slice", "x", x)) return NULL;
+  char sx[96];
+  if (x->ndim < 1 || start < 0 || end < start || end > x->shape[0]) {
+    dg__set_error(ctx, DG_ESHAPE, "slice: rows [%lld, %lld) out of range for %s",
+                  (long long)start, (long long)end, dg__shape_str(x, sx, sizeof sx));
+    return NULL;
+  }
+  dg_tensor *y = dg__alias(ctx, "slice", x);
+  if (!y) return NULL;
+  y->data = (char *)x->data + start * x->stride[0] * (int64_t)dg_dtype_size(x->dtype);
+  y->shape[0] = end - start;
+  dg_node *n;
+  if (record1(ctx, "slice", slice_backward, y, x, &n)) return NULL;
+  if (n) n->i[0] = start;
+  return y;
+}
+
+/* ---- transpose / permute ---- */
+
+static int permute_backward(dg_ctx *ctx, dg_node *n) {
+  dg_tensor *x = n->in[0];
+  float *dx = dg__grad_buf(ctx, x);
+  if (!dx) return ctx->err;
+  /* dx laid out contiguously in x's shape, seen through the permutation */
+  dg_tensor v = *n->out;
+  int64_t cs[DG_MAX_DIMS], s = 1;
+  for (int i = x->ndim - 1; i >= 0; i--) cs[i] = s, s *= x->shape[i];
+  for (int i = 0; i < v.ndim; i++) v.stride[i] = cs[n->i[i]];
+  dg__strided_add(&v, dx, n->out->grad->data);
+  return DG_OK;
+}
+
+dg_tensor *dg_permute(dg_ctx *ctx, dg_tensor *x, const int *perm) {
+  if (!ctx || dg__null_input(ctx, "permute", "x", x)) return NULL;
+  int seen[DG_MAX_DIMS] = {0};
+  for (int i = 0; perm && i < x->ndim; i++) {
+    if (perm[i] < 0 || perm[i] >= x->ndim || seen[perm[i]]++) perm = NULL;
+  }
+  if (!perm) {
+    char sx[96];
+    dg__set_error(ctx, DG_EINVAL, "permute: not a permutation of the %d dims of %s", x->ndim,
+                  dg__shape_str(x, sx, sizeof sx));
+    return NULL;
+  }
+  dg_tensor *y = dg__alias(ctx, "permute", x);
+  if (!y) return NULL;
+  for (int i = 0; i < x->ndim; i++) {
+    y->shape[i] = x->shape[perm[i]];
+    y->stride[i] = x->stride[perm[i]];
+  }
+  dg_node *n;
+  if (record1(ctx, "permute", permute_backward, y, x, &n)) return NULL;
+  if (n)
+    for (int i = 0; i < x->ndim; i++) n->i[i] = perm[i];
+  return y;
+}
+
+dg_tensor *dg_transpose(dg_ctx *ctx, dg_tensor *x, int d0, int d1) {
+  if (!ctx || dg__null_input(ctx, "transpose", "x", x)) return NULL;
+  if (d0 < 0) d0 += x->ndim;
+  if (d1 < 0) d1 += x->ndim;
+  if (d0 < 0 || d1 < 0 || d0 >= x->ndim || d1 >= x->ndim) {
+    char sx[96];
+    dg__set_error(ctx, DG_EINVAL, "transpose: dims %d, %d out of range for %s", d0, d1,
+                  dg__shape_str(x, sx, sizeof sx));
+    return NULL;
+  }
+  int perm[DG_MAX_DIMS] = {0, 1, 2, 3};
+  perm[d0] = d1;
+  perm[d1] = d0;
+  return dg_permute(ctx, x, perm);
+}

@@ -1,0 +1,196 @@
+/* Parameter store: one flat value buffer and one flat gradient buffer; each
+ * parameter is a named view into both, in registration order. */
+#include <string.h>
+
+#include "tensor/tensor_impl.h"
+
+#define PARAM_ALIGN 16 /* floats: 64 bytes, so every view is SIMD-aligned */
+
+int dg_params_new(dg_params **out) {
+  if (!out) return DG_EINVAL;
+  *out = dg__calloc(1, sizeof **out);
+  return *out ? DG_OK : DG_ENOMEM;
+}
+
+void dg_params_free(dg_params *ps) {
+  if (!ps) return;
+  for (int i = 0; i < ps->n; i++) {
+    dg__free(ps->t[i]->grad);
+    dg__free(ps->t[i]);
+    dg__free(ps->names[i]);
+  }
+  dg__free(ps->t);
+  dg__free(ps->names);
+  dg__free(ps->offset);
+  dg__free(ps->trainable);
+  dg__free(ps->first_use);
+  dg__free(ps->reached);
+  dg__free(ps->fired);
+  if (ps->data) dg__dev_free(DG_CPU, ps->data, ps->total * sizeof(float));
+  if (ps->grad) dg__dev_free(DG_CPU, ps->grad, ps->total * sizeof(float));
+  dg__free(ps);
+}
+
+static int grow_arrays(dg_params *ps) {
+  if (ps->n < ps->cap) return DG_OK;
+  int cap = ps->cap ? ps->cap * 2 : 16;
+#define GROW(field)                                                        \
+  do {                                                                     \
+    void *p = dg__realloc(ps->field, (size_t)cap * sizeof *ps->field);     \
+    if (!p) return DG_ENOMEM;                                              \
+    ps->field = p;                                                         \
+  } while (0)
+  GROW(t);
+  GROW(names);
+  GROW(offset);
+  GROW(trainable);
+  GROW(first_use);
+  GROW(reached);
+  GROW(fired);
+#undef GROW
+  ps->cap = cap;
+  return DG_OK;
+}
+
+/* Moves both flat buffers to a larger allocation and re-points the views. */
+static int grow_flat(dg_params *ps, size_t total) {
+  float *d = dg__dev_alloc(DG_CPU, total * sizeof(float));
+  float *g = dg__dev_alloc(DG_CPU, total * sizeof(float));
+  if (!d || !g) {
+    dg__dev_free(DG_CPU, d, total * sizeof(float));
+    dg__dev_free(DG_CPU, g, total * sizeof(float));
+    return DG_ENOMEM;
+  }
+  memset(d, 0, total * sizeof(float));
+  memset(g, 0, total * sizeof(float));
+  if (ps->data) {
+    memcpy(d, ps->data, ps->total * sizeof(float));
+    memcpy(g, ps->grad, ps->total * sizeof(float));
+    dg__dev_free(DG_CPU, ps->data, ps->total * sizeof(float));
+    dg__dev_free(DG_CPU, ps->grad, ps->total * sizeof(float));
+  }
+  ps->data = d;
+  ps->grad = g;
+  ps->total = total;
+  for (int i = 0; i < ps->n; i++) {
+    ps->t[i]->data = d + ps->offset[i];
+    ps->t[i]->grad->data = g + ps->offset[i];
+  }
+  return DG_OK;
+}
+
+static dg_tensor *param_header(dg_params *ps, int ndim, const int64_t *shape, int id) {
+  dg_tensor *t = dg__calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->ndim = ndim;
+  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+  dg__set_contig_strides(t);
+  t->dtype = DG_F32;
+  t->flags = DG_TF_PARAM | DG_TF_REQUIRES_GRAD;
+  t->params = ps;
+  t->param_id = id;
+  return t;
+}
+
+int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shape,
+                  dg_tensor **out) {
+  if (out) *out = NULL;
+  if (!ps || !name || !*name || ndim < 0 || ndim > DG_MAX_DIMS || (ndim && !shape))
+    return DG_EINVAL;
+  if (dg_params_find(ps, name)) {
+    DG_LOGE("params_add: duplicate parameter name \"%s\"", name);
+    return DG_EINVAL;
+  }
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return DG_EINVAL;
+    n *= shape[i];
+  }
+  if (grow_arrays(ps)) return DG_ENOMEM;
+  int id = ps->n;
+  dg_tensor *t = param_header(ps, ndim, shape, id);
+  dg_tensor *g = param_header(ps, ndim, shape, id);
+  char *nm = dg__strdup(name);
+  if (!t || !g || !nm) goto nomem;
+  g->flags = DG_TF_PARAM;
+  g->param_id = -1;
+  t->grad = g;
+  size_t off = (ps->total + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
+  size_t need = off + (size_t)n;
+  ps->t[id] = t;
+  ps->names[id] = nm;
+  ps->offset[id] = off;
+  ps->trainable[id] = 1;
+  ps->first_use[id] = -1;
+  ps->reached[id] = ps->fired[id] = 0;
+  ps->n++;
+  size_t cap = ps->total;
+  if (need > cap) {
+    size_t ncap = cap ? cap : 1024;
+    while (ncap < need) ncap *= 2;
+    if (grow_flat(ps, ncap)) {
+      ps->n--;
+      goto nomem;
+    }
+  }
+  t->data = ps->data + off;
+  g->data = ps->grad + off;
+  /* total counts the used prefix; keep the capacity separate by padding */
+  ps->used_total = need;
+  if (out) *out = t;
+  return DG_OK;
+nomem:
+  dg__free(t);
+  dg__free(g);
+  dg__free(nm);
+  return DG_ENOMEM;
+}
+
+int dg_params_count(const dg_params *ps) { return ps ? ps->n : 0; }
+dg_tensor *dg_params_get(const dg_params *ps, int i) {
+  return (ps && i >= 0 && i < ps->n) ? ps->t[i] : NULL;
+}
+
+dg_tensor *dg_params_find(const dg_params *ps, const char *name) {
+  if (!ps || !name) return NULL;
+  for (int i = 0; i < ps->n; i++)
+    if (!strcmp(ps->names[i], name)) return ps->t[i];
+  return NULL;
+}
+
+const char *dg_tensor_name(const dg_tensor *t) {
+  if (!t || !t->params || t->param_id < 0) return NULL;
+  return t->params->names[t->param_id];
+}
+
+int dg_param_index(const dg_tensor *t) { return (t && t->params) ? t->param_id : -1; }
+dg_params *dg_param_store(const dg_tensor *t) { return t ? t->params : NULL; }
+
+size_t dg_params_offset(const dg_params *ps, int i) {
+  return (ps && i >= 0 && i < ps->n) ? ps->offset[i] : 0;
+}
+
+float *dg_params_data(dg_params *ps, size_t *n) {
+  if (n) *n = ps ? ps->used_total : 0;
+  return ps ? ps->data : NULL;
+}
+
+float *dg_params_grad(dg_params *ps, size_t *n) {
+  if (n) *n = ps ? ps->used_total : 0;
+  return ps ? ps->grad : NULL;
+}
+
+void dg_params_zero_grad(dg_params *ps) {
+  if (ps && ps->grad) memset(ps->grad, 0, ps->used_total * sizeof(float));
+}
+
+void dg_params_set_trainable(dg_params *ps, int i, int on) {
+  if (!ps || i < 0 || i >= ps->n) return;
+  ps->trainable[i] = !!on;
+  if (on) ps->t[i]->flags |= DG_TF_REQUIRES_GRAD;
+  else ps->t[i]->flags &= ~(uint32_t)DG_TF_REQUIRES_GRAD;
+}
+
+int dg_params_trainable(const dg_params *ps, int i) {
+  return (ps && i >= 0 && i < ps->n) ? ps->trainable[i] : 0;
+}

@@ -1,0 +1,191 @@
+/* Internal layout of contexts, tensors and parameter stores, and the helpers
+ * every op file uses. Not API. */
+#ifndef DG_TENSOR_IMPL_H
+#define DG_TENSOR_IMPL_H
+
+#include <stdarg.h>
+
+#include "dgrad/autograd.h"
+#include "dgrad/ops.h"
+#include "dgrad/tensor.h"
+#include "tensor/common_impl.h"
+
+#define DG_ALIGN 64
+
+enum {
+  DG_TF_REQUIRES_GRAD = 1u << 0,
+  DG_TF_ARENA = 1u << 1,  /* header lives in a ctx arena */
+  DG_TF_PARAM = 1u << 2,  /* owned by a dg_params store */
+};
+
+typedef struct dg_storage {
+  void *base;
+  size_t nbytes;
+  int device;
+  int refcount;
+} dg_storage;
+
+struct dg_node;
+
+struct dg_tensor {
+  void *data;                 /* first element */
+  int64_t shape[DG_MAX_DIMS];
+  int64_t stride[DG_MAX_DIMS]; /* elements */
+  int ndim;
+  dg_dtype dtype;
+  int device;
+  uint32_t flags;
+  dg_tensor *grad;            /* contiguous f32, same shape; NULL until needed */
+  struct dg_node *node;       /* producing node on the tape, or NULL (leaf) */
+  dg_storage *storage;        /* persistent tensors: shared storage; else NULL */
+  dg_params *params;          /* parameters: their store */
+  int param_id;               /* index in the store, or -1 */
+};
+
+/* ---- arena ---- */
+
+typedef struct dg_arena_chunk {
+  struct dg_arena_chunk *next;
+  size_t cap, used;
+  /* data follows, aligned */
+} dg_arena_chunk;
+
+typedef struct {
+  dg_arena_chunk *head, *cur;
+  size_t used, peak, reserved, step_total;
+} dg_arena;
+
+void *dg__arena_alloc(dg_arena *a, size_t n);
+void dg__arena_reset(dg_arena *a);
+void dg__arena_free(dg_arena *a);
+
+/* ---- autograd node ---- */
+
+#define DG_NODE_MAX_IN 4
+#define DG_NODE_MAX_SAVED 4
+
+typedef struct dg_node dg_node;
+/* Accumulates gradients for node->in[] from node->out->grad. Returns DG_OK
+ * or an error code (with dg__set_error on ctx). */
+typedef int (*dg_backward_fn)(dg_ctx *ctx, dg_node *node);
+
+struct dg_node {
+  const char *op;
+  dg_backward_fn backward;
+  dg_tensor *out;
+  int nin, nsaved, index;
+  dg_tensor *in[DG_NODE_MAX_IN];
+  void *saved[DG_NODE_MAX_SAVED]; /* tensor, or pack-hook handle */
+  double f[4];                    /* op scalar attributes */
+  int64_t i[4];
+  void *extra;                    /* op-specific arena data */
+};
+
+typedef struct {
+  int id;
+  dg_grad_ready_fn ready;
+  dg_backward_end_fn end;
+  void *user;
+} dg_hook;
+
+#define DG_MAX_HOOKS 8
+#define DG_MAX_STORES 8
+
+struct dg_ctx {
+  dg_arena arena;
+  int err;
+  char errmsg[512];
+  int grad_enabled, train;
+  uint64_t rng_seed, rng_offset;
+  dg_node **tape;
+  int ntape, tape_cap;
+  dg_params *stores[DG_MAX_STORES]; /* involved in the current tape */
+  int nstores;
+  dg_params *attached[DG_MAX_STORES];
+  int nattached;
+  dg_hook ready_hooks[DG_MAX_HOOKS], end_hooks[DG_MAX_HOOKS];
+  int nready_hooks, nend_hooks, next_hook_id;
+  dg_pack_fn pack;
+  dg_unpack_fn unpack;
+  void *pack_user;
+  int pack_id;
+  int in_backward;
+};
+
+struct dg_params {
+  int n, cap;
+  dg_tensor **t;      /* headers (heap) */
+  char **names;
+  size_t *offset;     /* element offsets in the flat buffers */
+  uint8_t *trainable;
+  size_t total;       /* floats allocated in each flat buffer */
+  size_t used_total;  /* floats in use (end of the last parameter) */
+  float *data, *grad; /* flat buffers */
+  /* per-backward state */
+  int *first_use;     /* tape index of the first node using param i, -1 */
+  uint8_t *reached, *fired;
+  int unreached;
+};
+
+/* ---- errors ---- */
+
+/* Records an error on ctx (first error wins until dg_clear_error / reset)
+ * and returns code. */
+int dg__set_error(dg_ctx *ctx, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* For ops: returns 1 (and records DG_EINVAL "op: input NAME is NULL" unless
+ * an earlier error is kept) when t is NULL. */
+int dg__null_input(dg_ctx *ctx, const char *op, const char *what, const dg_tensor *t);
+/* Checks t is f32 on CPU; records "op: NAME must be f32, got (..) bf16". */
+int dg__check_f32(dg_ctx *ctx, const char *op, const char *what, const dg_tensor *t);
+
+/* ---- tensor helpers ---- */
+
+/* New contiguous arena tensor (uninitialised). Records ENOMEM naming `op`. */
+dg_tensor *dg__new(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const int64_t *shape);
+/* New arena tensor with x's shape, f32. */
+dg_tensor *dg__new_like(dg_ctx *ctx, const char *op, const dg_tensor *x);
+/* Arena header that aliases x (for views); shape/strides to be filled. */
+dg_tensor *dg__alias(dg_ctx *ctx, const char *op, dg_tensor *x);
+void dg__set_contig_strides(dg_tensor *t);
+int dg__is_contig(const dg_tensor *t);
+int dg__same_shape(const dg_tensor *a, const dg_tensor *b);
+int64_t dg__numel(const dg_tensor *t);
+/* Writes "(a, b, c)" into buf. */
+const char *dg__shape_str(const dg_tensor *t, char *buf, size_t cap);
+/* Contiguous f32 data of x: x->data itself, or a packed arena copy. */
+const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x);
+/* Scatter-add contiguous g (x's logical shape) into a strided destination
+ * with x's strides. */
+void dg__strided_add(const dg_tensor *x, float *dst_base, const float *g);
+
+/* ---- autograd helpers for ops ---- */
+
+/* 1 when grad mode is on and any input requires grad. */
+int dg__needs_grad(dg_ctx *ctx, int nin, dg_tensor *const *in);
+/* Records a node producing `out` from inputs (marks out requires-grad).
+ * Returns NULL (and records ENOMEM) on failure; callers then return NULL. */
+dg_node *dg__record(dg_ctx *ctx, const char *op, dg_backward_fn fn, dg_tensor *out,
+                    int nin, dg_tensor *const *in);
+/* Saves a tensor for backward through the pack hook. */
+int dg__save(dg_ctx *ctx, dg_node *node, dg_tensor *t);
+/* Retrieves saved tensor k through the unpack hook (NULL on failure). */
+dg_tensor *dg__saved(dg_ctx *ctx, dg_node *node, int k);
+/* Gradient buffer of t (contiguous, t's logical shape), created zeroed on
+ * first use; NULL when t needs no gradient (or ENOMEM: check ctx->err). */
+float *dg__grad_buf(dg_ctx *ctx, dg_tensor *t);
+/* 1 when t takes a gradient. */
+static inline int dg__wants_grad(const dg_tensor *t) {
+  return t && (t->flags & DG_TF_REQUIRES_GRAD);
+}
+
+/* ---- RNG ---- */
+void dg__philox(uint64_t seed, uint64_t counter, uint32_t out[4]);
+/* Draws n uniforms from ctx's stream and advances it. */
+void dg__ctx_uniform(dg_ctx *ctx, float *out, size_t n);
+
+/* ---- storage allocator (caching, with stats) ---- */
+void *dg__dev_alloc(int device, size_t nbytes);
+void dg__dev_free(int device, void *p, size_t nbytes);
+
+#endif
