@@ -1,0 +1,2 @@
+/* binary ops: being written. */
+typedef int dg__placeholder_binary;

@@ -1,0 +1,2 @@
+/* concat ops: being written. */
+typedef int dg__placeholder_concat;

@@ -1,0 +1,2 @@
+/* conv ops: being written. */
+typedef int dg__placeholder_conv;

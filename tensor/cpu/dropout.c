@@ -1,0 +1,2 @@
+/* dropout ops: being written. */
+typedef int dg__placeholder_dropout;

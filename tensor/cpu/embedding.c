@@ -1,0 +1,2 @@
+/* embedding ops: being written. */
+typedef int dg__placeholder_embedding;

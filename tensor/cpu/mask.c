@@ -1,0 +1,2 @@
+/* mask ops: being written. */
+typedef int dg__placeholder_mask;

@@ -1,0 +1,2 @@
+/* norm ops: being written. */
+typedef int dg__placeholder_norm;

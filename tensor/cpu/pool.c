@@ -1,0 +1,2 @@
+/* pool ops: being written. */
+typedef int dg__placeholder_pool;

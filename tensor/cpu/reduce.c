@@ -1,0 +1,2 @@
+/* reduce ops: being written. */
+typedef int dg__placeholder_reduce;

@@ -1,0 +1,2 @@
+/* unary ops: being written. */
+typedef int dg__placeholder_unary;
