@@ -1,0 +1,31 @@
+/* TCPStore (PyTorch 1.13 wire protocol) shared definitions. Internal. */
+#ifndef DG_TCP_STORE_IMPL_H
+#define DG_TCP_STORE_IMPL_H
+
+#include <stdint.h>
+
+enum {
+  DG_TS_SET = 0,
+  DG_TS_COMPARE_SET = 1,
+  DG_TS_GET = 2,
+  DG_TS_ADD = 3,
+  DG_TS_CHECK = 4,
+  DG_TS_WAIT = 5,
+  DG_TS_GETNUMKEYS = 6,
+  DG_TS_WATCH_KEY = 7,
+  DG_TS_DELETE_KEY = 8
+};
+
+/* Requests beyond these bounds are treated as garbage: the server drops the
+ * connection instead of allocating. */
+#define DG_TS_MAX_KEY (1u << 20)
+#define DG_TS_MAX_VALUE ((uint64_t)1 << 32)
+#define DG_TS_MAX_KEYS 65536
+
+typedef struct dg_ts_server dg_ts_server;
+
+/* Starts the server thread listening on port (0: any); *port gets the port. */
+int dg__ts_server_start(dg_ts_server **out, int *port);
+void dg__ts_server_stop(dg_ts_server *srv);
+
+#endif
