@@ -115,7 +115,7 @@ int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shap
   g->flags = DG_TF_PARAM;
   g->param_id = -1;
   t->grad = g;
-  size_t off = (ps->total + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
+  size_t off = (ps->used_total + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
   size_t need = off + (size_t)n;
   ps->t[id] = t;
   ps->names[id] = nm;

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds dgrad and runs every test suite, then the whole suite again under
+# AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+meson setup build-test --buildtype=release --wipe >/dev/null 2>&1 ||
+  meson setup build-test --buildtype=release
+ninja -C build-test
+meson test -C build-test --print-errorlogs --num-processes "$jobs"
+
+# Sanitizers: a debug-optimised build so the reports carry line numbers.
+meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined \
+  -Db_lundef=false -Dbench=false --wipe >/dev/null 2>&1 ||
+  meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined \
+    -Db_lundef=false -Dbench=false
+ninja -C build-asan
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  meson test -C build-asan --print-errorlogs --num-processes "$jobs" \
+  --no-suite interop --timeout-multiplier 3

@@ -1,0 +1,218 @@
+/* Tensors: dtypes and half-precision conversion, persistent tensors and
+ * views, allocator statistics, arena reuse, errors that name the op. */
+#include <dgrad.h>
+
+#include "test.h"
+
+static void test_dtypes(void) {
+  CHECK_EQ_INT(dg_dtype_size(DG_F32), 4);
+  CHECK_EQ_INT(dg_dtype_size(DG_BF16), 2);
+  CHECK_EQ_INT(dg_dtype_size(DG_I64), 8);
+  CHECK(!strcmp(dg_dtype_name(DG_F16), "f16"));
+  CHECK(!strcmp(dg_err_name(DG_ESHAPE), "DG_ESHAPE"));
+  CHECK(!strcmp(dg_strerror(DG_ENOMEM), "out of memory"));
+  CHECK(!strcmp(dg_strerror(12345), "unknown error"));
+  /* exact values */
+  CHECK_EQ_INT(dg_f32_to_f16(1.0f), 0x3c00);
+  CHECK_EQ_INT(dg_f32_to_f16(-2.0f), 0xc000);
+  CHECK_EQ_INT(dg_f32_to_f16(65504.0f), 0x7bff);
+  CHECK_EQ_INT(dg_f32_to_f16(1e6f), 0x7c00);      /* overflow -> inf */
+  CHECK_EQ_INT(dg_f32_to_f16(5.960464477539063e-08f), 0x0001); /* smallest subnormal */
+  CHECK_EQ_INT(dg_f32_to_bf16(1.0f), 0x3f80);
+  CHECK_NEAR(dg_f16_to_f32(0x3555), 0.333251953125, 0);
+  CHECK_NEAR(dg_bf16_to_f32(0x4049), 3.140625, 0);
+  /* round to nearest even: 1 + 2^-11 is halfway between two f16 values */
+  CHECK_EQ_INT(dg_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00);
+  CHECK_EQ_INT(dg_f32_to_f16(1.0f + 3.0f / 2048), 0x3c02);
+  /* round trip of every finite f16 */
+  int bad = 0;
+  for (uint32_t h = 0; h < 0x10000; h++) {
+    if ((h & 0x7c00) == 0x7c00) continue;
+    if (dg_f32_to_f16(dg_f16_to_f32((uint16_t)h)) != h) bad++;
+  }
+  CHECK_EQ_INT(bad, 0);
+  CHECK(isnan(dg_bf16_to_f32(dg_f32_to_bf16(NAN))));
+}
+
+static void test_persistent(void) {
+  dg_mem_stats s0, s1, s2;
+  CHECK_OK(dg_mem_get_stats(DG_CPU, &s0));
+  dg_tensor *t = NULL, *v = NULL;
+  int64_t sh[2] = {100, 10};
+  CHECK_OK(dg_tensor_new(&t, DG_F32, 2, sh));
+  REQUIRE(t);
+  CHECK_OK(dg_mem_get_stats(DG_CPU, &s1));
+  CHECK(s1.current_bytes >= s0.current_bytes + 4000);
+  CHECK(s1.peak_bytes >= s1.current_bytes);
+  CHECK_EQ_INT(s1.alloc_count, s0.alloc_count + 1);
+  float *d = dg_tensor_data(t);
+  for (int i = 0; i < 1000; i++) d[i] = (float)i;
+  int64_t vs[1] = {10};
+  CHECK_OK(dg_tensor_view(&v, t, 20, 1, vs)); /* row 2 */
+  CHECK_NEAR(((float *)dg_tensor_data(v))[3], 23, 0);
+  int64_t big[1] = {1000};
+  dg_tensor *bad = NULL;
+  CHECK_EQ_INT(dg_tensor_view(&bad, t, 20, 1, big), DG_ESHAPE);
+  CHECK(bad == NULL);
+  dg_tensor_free(t); /* the view keeps the storage alive */
+  CHECK_NEAR(((float *)dg_tensor_data(v))[9], 29, 0);
+  dg_tensor_free(v);
+  CHECK_OK(dg_mem_get_stats(DG_CPU, &s2));
+  CHECK_EQ_INT(s2.current_bytes, s0.current_bytes);
+  CHECK(s2.cached_bytes > 0); /* kept for reuse */
+  /* reuse comes from the cache, not the system */
+  CHECK_OK(dg_tensor_new(&t, DG_F32, 2, sh));
+  dg_mem_stats s3;
+  CHECK_OK(dg_mem_get_stats(DG_CPU, &s3));
+  CHECK_EQ_INT(s3.system_allocs, s2.system_allocs);
+  dg_tensor_free(t);
+  int64_t neg[1] = {-1};
+  CHECK_EQ_INT(dg_tensor_new(&t, DG_F32, 1, neg), DG_EINVAL);
+  CHECK_EQ_INT(dg_tensor_new(&t, DG_F32, 5, sh), DG_EINVAL);
+  dg_tensor_free(NULL);
+  dg_ctx_free(NULL);
+  dg_params_free(NULL);
+}
+
+static void test_arena_and_views(void) {
+  dg_ctx *ctx = NULL;
+  CHECK_OK(dg_ctx_new(&ctx, NULL));
+  REQUIRE(ctx);
+  int64_t sh[3] = {2, 3, 4};
+  float buf[24];
+  for (int i = 0; i < 24; i++) buf[i] = (float)i;
+  dg_tensor *x = dg_from_data(ctx, DG_F32, 3, sh, buf);
+  REQUIRE(x);
+  dg_tensor *t = dg_transpose(ctx, x, 1, 2); /* (2, 4, 3) */
+  REQUIRE(t);
+  CHECK(!dg_tensor_is_contiguous(t));
+  CHECK(dg_tensor_data(t) == dg_tensor_data(x)); /* shares storage */
+  CHECK_EQ_INT(dg_tensor_dim(t, 1), 4);
+  CHECK_NEAR(dg_tensor_get(t, 1), 4, 0); /* t[0,0,1] = x[0,1,0] */
+  dg_tensor *s = dg_slice(ctx, x, 1, 2);
+  REQUIRE(s);
+  CHECK(dg_tensor_data(s) == (float *)dg_tensor_data(x) + 12);
+  int64_t r[2] = {-1, 6};
+  dg_tensor *rs = dg_reshape(ctx, x, 2, r);
+  REQUIRE(rs);
+  CHECK_EQ_INT(dg_tensor_dim(rs, 0), 4);
+  dg_tensor *h = dg_to_dtype(ctx, x, DG_BF16);
+  REQUIRE(h);
+  CHECK_NEAR(dg_tensor_get(h, 23), 23, 0);
+  /* errors name the op and the shapes, and the first error is kept */
+  int64_t r7[1] = {7};
+  CHECK(dg_reshape(ctx, x, 1, r7) == NULL);
+  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_errmsg(ctx), "reshape");
+  CHECK_STR_HAS(dg_errmsg(ctx), "(2, 3, 4)");
+  CHECK(dg_slice(ctx, NULL, 0, 1) == NULL);
+  CHECK_STR_HAS(dg_errmsg(ctx), "reshape"); /* still the first error */
+  dg_clear_error(ctx);
+  int64_t m1[2] = {3, 4}, m2[2] = {5, 6};
+  CHECK(dg_matmul(ctx, dg_zeros(ctx, DG_F32, 2, m1), dg_zeros(ctx, DG_F32, 2, m2)) == NULL);
+  CHECK_STR_HAS(dg_errmsg(ctx), "matmul");
+  CHECK_STR_HAS(dg_errmsg(ctx), "(3, 4)");
+  CHECK_STR_HAS(dg_errmsg(ctx), "(5, 6)");
+  dg_clear_error(ctx);
+  CHECK(dg_matmul(ctx, dg_zeros(ctx, DG_I32, 2, m1), dg_zeros(ctx, DG_F32, 2, m2)) == NULL);
+  CHECK_EQ_INT(dg_errcode(ctx), DG_EDTYPE);
+  /* the arena is reused after reset */
+  size_t used = dg_ctx_arena_used(ctx);
+  CHECK(used > 0);
+  dg_ctx_reset(ctx);
+  CHECK_EQ_INT(dg_ctx_arena_used(ctx), 0);
+  CHECK_EQ_INT(dg_errcode(ctx), DG_OK);
+  /* a step bigger than the first chunk grows once, then fits in one chunk */
+  int64_t big[1] = {1 << 19};
+  for (int step = 0; step < 3; step++) {
+    for (int k = 0; k < 6; k++) CHECK(dg_empty(ctx, DG_F32, 1, big) != NULL);
+    dg_ctx_reset(ctx);
+  }
+  dg_mem_stats a, b;
+  dg_mem_get_stats(DG_CPU, &a);
+  for (int k = 0; k < 6; k++) CHECK(dg_empty(ctx, DG_F32, 1, big) != NULL);
+  dg_ctx_reset(ctx);
+  dg_mem_get_stats(DG_CPU, &b);
+  CHECK_EQ_INT(b.alloc_count, a.alloc_count);
+  CHECK(dg_ctx_arena_reserved(ctx) >= (size_t)6 * 4 * (1 << 19));
+  dg_ctx_free(ctx);
+}
+
+static void test_params(void) {
+  dg_params *ps = NULL;
+  CHECK_OK(dg_params_new(&ps));
+  REQUIRE(ps);
+  dg_tensor *w = NULL, *b = NULL, *dup = NULL;
+  int64_t ws[2] = {3, 5}, bs[1] = {3};
+  CHECK_OK(dg_params_add(ps, "layers.0.weight", 2, ws, &w));
+  CHECK_OK(dg_params_add(ps, "layers.0.bias", 1, bs, &b));
+  CHECK_EQ_INT(dg_params_add(ps, "layers.0.bias", 1, bs, &dup), DG_EINVAL);
+  CHECK(dup == NULL);
+  CHECK_EQ_INT(dg_params_count(ps), 2);
+  CHECK(dg_params_get(ps, 1) == b);
+  CHECK(dg_params_find(ps, "layers.0.weight") == w);
+  CHECK(!strcmp(dg_tensor_name(b), "layers.0.bias"));
+  CHECK_EQ_INT(dg_param_index(b), 1);
+  size_t n = 0;
+  float *flat = dg_params_data(ps, &n);
+  CHECK(n >= 18);
+  CHECK(dg_tensor_data(w) == flat + dg_params_offset(ps, 0));
+  CHECK(dg_tensor_data(b) == flat + dg_params_offset(ps, 1));
+  CHECK(dg_params_offset(ps, 1) >= 15);
+  /* values survive growth of the flat buffer */
+  ((float *)dg_tensor_data(w))[7] = 42;
+  for (int i = 0; i < 50; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "extra.%d", i);
+    int64_t s[1] = {100};
+    CHECK_OK(dg_params_add(ps, nm, 1, s, NULL));
+  }
+  CHECK_NEAR(((float *)dg_tensor_data(w))[7], 42, 0);
+  flat = dg_params_data(ps, &n);
+  CHECK(dg_tensor_data(w) == flat + dg_params_offset(ps, 0));
+  float *g = dg_params_grad(ps, &n);
+  CHECK(dg_tensor_data(dg_tensor_grad(b)) == g + dg_params_offset(ps, 1));
+  for (size_t i = 0; i < n; i++) g[i] = 1;
+  dg_params_zero_grad(ps);
+  double sum = 0;
+  for (size_t i = 0; i < n; i++) sum += g[i];
+  CHECK_NEAR(sum, 0, 0);
+  dg_params_free(ps);
+}
+
+static void test_rng(void) {
+  float a[1000], b[1000], c[1000];
+  dg_rng_uniform(42, 0, a, 1000);
+  dg_rng_uniform(42, 0, b, 1000);
+  CHECK(!memcmp(a, b, sizeof a));
+  /* chunking does not change the stream: element i depends on (seed, i) */
+  dg_rng_uniform(42, 0, c, 333);
+  dg_rng_uniform(42, 333, c + 333, 667);
+  CHECK(!memcmp(a, c, sizeof a));
+  dg_rng_uniform(43, 0, b, 1000);
+  CHECK(memcmp(a, b, sizeof a) != 0);
+  double mean = 0;
+  for (int i = 0; i < 1000; i++) {
+    CHECK(a[i] >= 0 && a[i] < 1);
+    mean += a[i] / 1000;
+  }
+  CHECK_NEAR(mean, 0.5, 0.05);
+  float nrm[4000];
+  dg_rng_normal(7, 0, nrm, 4000);
+  double m = 0, v = 0;
+  for (int i = 0; i < 4000; i++) m += nrm[i] / 4000;
+  for (int i = 0; i < 4000; i++) v += (nrm[i] - m) * (nrm[i] - m) / 4000;
+  CHECK_NEAR(m, 0, 0.06);
+  CHECK_NEAR(v, 1, 0.08);
+  dg_rng_normal(7, 1001, c, 10);
+  CHECK(!memcmp(c, nrm + 1001, 10 * sizeof(float)));
+}
+
+int main(void) {
+  test_dtypes();
+  test_persistent();
+  test_arena_and_views();
+  test_params();
+  test_rng();
+  return TEST_DONE();
+}
