@@ -7,5 +7,6 @@
 #include "dgrad/tensor.h"
 #include "dgrad/autograd.h"
 #include "dgrad/ops.h"
+#include "dgrad/optim.h"
 
 #endif

@@ -1,0 +1,35 @@
+/* Gradient clipping by global L2 norm (torch.nn.utils.clip_grad_norm_). */
+#include <math.h>
+
+#include "optim/optim_impl.h"
+
+int dg_clip_grad_norm(dg_params *ps, double max_norm, double *total_norm) {
+  if (total_norm) *total_norm = 0;
+  if (!ps || !(max_norm >= 0)) return DG_EINVAL;
+  float *g = dg_params_grad(ps, NULL);
+  int np = dg_params_count(ps);
+  double sum = 0;
+  for (int i = 0; i < np; i++) {
+    if (!dg_params_trainable(ps, i)) continue;
+    size_t lo = dg_params_offset(ps, i);
+    size_t hi = lo + (size_t)dg_tensor_numel(dg_params_get(ps, i));
+    for (size_t j = lo; j < hi; j++) sum += (double)g[j] * g[j];
+  }
+  double total = sqrt(sum);
+  if (total_norm) *total_norm = total;
+  if (!isfinite(total)) {
+    DG_LOGW("clip_grad_norm: the total gradient norm is %g; gradients left as they are",
+            total);
+    return DG_OK;
+  }
+  double coef = max_norm / (total + 1e-6);
+  if (coef >= 1.0) return DG_OK; /* torch multiplies by 1.0: a no-op */
+  const float c = (float)coef;
+  for (int i = 0; i < np; i++) {
+    if (!dg_params_trainable(ps, i)) continue;
+    size_t lo = dg_params_offset(ps, i);
+    size_t hi = lo + (size_t)dg_tensor_numel(dg_params_get(ps, i));
+    for (size_t j = lo; j < hi; j++) g[j] *= c;
+  }
+  return DG_OK;
+}

@@ -1,0 +1,193 @@
+/* Optimizer object, SGD and AdamW: element-wise updates run as one loop over
+ * each run of consecutive trainable parameters of the flat buffers. */
+#include <math.h>
+#include <string.h>
+
+#include "optim/optim_impl.h"
+
+int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const char *name,
+                    int nstate, const char *const *state_names) {
+  dg_optim *o = dg__calloc(1, sizeof *o);
+  if (!o) return DG_ENOMEM;
+  o->kind = kind;
+  o->name = name;
+  o->ps = ps;
+  dg_params_data(ps, &o->n);
+  o->nparams = dg_params_count(ps);
+  for (int k = 0; k < nstate; k++) {
+    o->state_name[k] = state_names[k];
+    o->state[k] = dg__calloc(o->n ? o->n : 1, sizeof(float));
+    o->nstate = k + 1;
+    if (!o->state[k]) {
+      dg_optim_free(o);
+      return DG_ENOMEM;
+    }
+  }
+  *out = o;
+  return DG_OK;
+}
+
+void dg_optim_free(dg_optim *o) {
+  if (!o) return;
+  for (int k = 0; k < o->nstate; k++) dg__free(o->state[k]);
+  dg__free(o->excluded);
+  dg__free(o);
+}
+
+void dg__optim_param_range(const dg_optim *o, int i, size_t *lo, size_t *hi) {
+  *lo = dg_params_offset(o->ps, i);
+  *hi = *lo + (size_t)dg_tensor_numel(dg_params_get(o->ps, i));
+}
+
+typedef void (*range_fn)(dg_optim *o, float *w, const float *g, size_t lo, size_t hi);
+
+/* Calls fn on maximal runs of consecutive trainable parameters (the zero
+ * padding between them is harmless: zero value, zero gradient, zero state). */
+static void for_each_run(dg_optim *o, float *w, const float *g, range_fn fn) {
+  int start = -1;
+  for (int i = 0; i <= o->nparams; i++) {
+    int on = i < o->nparams && dg_params_trainable(o->ps, i);
+    if (on && start < 0) start = i;
+    if (!on && start >= 0) {
+      size_t lo, hi, lo2;
+      dg__optim_param_range(o, start, &lo, &lo2);
+      dg__optim_param_range(o, i - 1, &lo2, &hi);
+      fn(o, w, g, lo, hi);
+      start = -1;
+    }
+  }
+}
+
+int dg_optim_step(dg_optim *o) {
+  if (!o) return DG_EINVAL;
+  size_t n;
+  float *w = dg_params_data(o->ps, &n);
+  const float *g = dg_params_grad(o->ps, NULL);
+  if (n != o->n || dg_params_count(o->ps) != o->nparams) {
+    DG_LOGE("optim_step(%s): the parameter store changed after the optimizer was "
+            "created (%d -> %d parameters)", o->name, o->nparams, dg_params_count(o->ps));
+    return DG_ESTATE;
+  }
+  o->step++;
+  if (n) o->step_fn(o, w, g);
+  return DG_OK;
+}
+
+const char *dg_optim_name(const dg_optim *o) { return o ? o->name : "?"; }
+void dg_optim_set_lr(dg_optim *o, float lr) {
+  if (o) o->lr = lr;
+}
+float dg_optim_get_lr(const dg_optim *o) { return o ? o->lr : 0.0f; }
+int64_t dg_optim_step_count(const dg_optim *o) { return o ? o->step : 0; }
+int dg_optim_set_step(dg_optim *o, int64_t step) {
+  if (!o || step < 0) return DG_EINVAL;
+  o->step = step;
+  return DG_OK;
+}
+
+int dg_optim_state_count(const dg_optim *o) { return o ? o->nstate : 0; }
+
+int dg_optim_state_get(dg_optim *o, int k, const char **name, float **buf, size_t *n) {
+  if (!o || k < 0 || k >= o->nstate) return DG_EINVAL;
+  if (name) *name = o->state_name[k];
+  if (buf) *buf = o->state[k];
+  if (n) *n = o->n;
+  return DG_OK;
+}
+
+/* ---- SGD ---- */
+
+dg_sgd_opts dg_sgd_defaults(void) {
+  dg_sgd_opts d = {0.01f, 0.0f, 0.0f, 0, 0.0f};
+  return d;
+}
+
+static void sgd_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
+  const float lr = o->lr, wd = o->sgd.weight_decay, mom = o->sgd.momentum;
+  const float damp = 1.0f - o->sgd.dampening;
+  const int first = o->step == 1, nest = o->sgd.nesterov;
+  float *buf = o->state[0];
+  if (mom == 0.0f) {
+    for (size_t j = lo; j < hi; j++) w[j] -= lr * (g[j] + wd * w[j]);
+    return;
+  }
+  for (size_t j = lo; j < hi; j++) {
+    float d = g[j] + wd * w[j];
+    float b = first ? d : buf[j] * mom + damp * d;
+    buf[j] = b;
+    w[j] -= lr * (nest ? d + mom * b : b);
+  }
+}
+
+static void sgd_step(dg_optim *o, float *w, const float *g) { for_each_run(o, w, g, sgd_range); }
+
+int dg_optim_sgd_new(dg_optim **out, dg_params *ps, const dg_sgd_opts *opts) {
+  dg_sgd_opts op = opts ? *opts : dg_sgd_defaults();
+  if (out) *out = NULL;
+  if (!out || !ps || !(op.lr >= 0) || !(op.momentum >= 0) || !(op.weight_decay >= 0) ||
+      (op.nesterov && (op.momentum <= 0 || op.dampening != 0))) {
+    DG_LOGE("optim_sgd_new: invalid options (lr %g, momentum %g, dampening %g, "
+            "nesterov %d, weight_decay %g)", op.lr, op.momentum, op.dampening,
+            op.nesterov, op.weight_decay);
+    return DG_EINVAL;
+  }
+  static const char *const names[] = {"momentum_buffer"};
+  int rc = dg__optim_alloc(out, ps, DG__OPT_SGD, "sgd", op.momentum != 0 ? 1 : 0, names);
+  if (rc) return rc;
+  (*out)->sgd = op;
+  (*out)->lr = op.lr;
+  (*out)->step_fn = sgd_step;
+  return DG_OK;
+}
+
+/* ---- AdamW ---- */
+
+dg_adamw_opts dg_adamw_defaults(void) {
+  dg_adamw_opts d = {1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f};
+  return d;
+}
+
+static void adamw_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
+  const dg_adamw_opts *a = &o->adam;
+  const double t = (double)o->step;
+  const float decay = (float)(1.0 - (double)o->lr * a->weight_decay);
+  const float step_size = (float)(o->lr / (1.0 - pow(a->beta1, t)));
+  const float bc2_sqrt = (float)sqrt(1.0 - pow(a->beta2, t));
+  const float b1 = a->beta1, b2 = a->beta2, c1 = 1.0f - b1, c2 = 1.0f - b2, eps = a->eps;
+  float *m = o->state[0], *v = o->state[1];
+  for (size_t j = lo; j < hi; j++) {
+    float gj = g[j];
+    float mj = m[j] * b1 + c1 * gj;
+    float vj = v[j] * b2 + c2 * gj * gj;
+    m[j] = mj;
+    v[j] = vj;
+    float wj = w[j] * decay;
+    w[j] = wj - step_size * (mj / (sqrtf(vj) / bc2_sqrt + eps));
+  }
+}
+
+static void adamw_step(dg_optim *o, float *w, const float *g) {
+  for_each_run(o, w, g, adamw_range);
+}
+
+int dg__adam_opts_ok(const dg_adamw_opts *a) {
+  return a->lr >= 0 && a->beta1 >= 0 && a->beta1 < 1 && a->beta2 >= 0 && a->beta2 < 1 &&
+         a->eps >= 0 && a->weight_decay >= 0;
+}
+
+int dg_optim_adamw_new(dg_optim **out, dg_params *ps, const dg_adamw_opts *opts) {
+  dg_adamw_opts op = opts ? *opts : dg_adamw_defaults();
+  if (out) *out = NULL;
+  if (!out || !ps || !dg__adam_opts_ok(&op)) {
+    DG_LOGE("optim_adamw_new: invalid options (lr %g, betas %g %g, eps %g, wd %g)", op.lr,
+            op.beta1, op.beta2, op.eps, op.weight_decay);
+    return DG_EINVAL;
+  }
+  static const char *const names[] = {"exp_avg", "exp_avg_sq"};
+  int rc = dg__optim_alloc(out, ps, DG__OPT_ADAMW, "adamw", 2, names);
+  if (rc) return rc;
+  (*out)->adam = op;
+  (*out)->lr = op.lr;
+  (*out)->step_fn = adamw_step;
+  return DG_OK;
+}

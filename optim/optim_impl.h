@@ -1,0 +1,45 @@
+/* Internal: the optimizer object shared by the files of optim/. Not API. */
+#ifndef DG_OPTIM_IMPL_H
+#define DG_OPTIM_IMPL_H
+
+#include "dgrad/optim.h"
+#include "tensor/common_impl.h"
+
+#define DG_OPTIM_MAX_STATE 2
+
+typedef enum { DG__OPT_SGD, DG__OPT_ADAMW, DG__OPT_LAMB, DG__OPT_LARS } dg__optim_kind;
+
+struct dg_optim;
+/* Applies one update; w, g are the store's flat buffers (n floats). */
+typedef void (*dg__optim_step_fn)(struct dg_optim *o, float *w, const float *g);
+
+struct dg_optim {
+  dg__optim_kind kind;
+  const char *name;
+  dg_params *ps;
+  size_t n;      /* flat length when created */
+  int nparams;   /* parameter count when created */
+  float lr;
+  int64_t step;
+  dg_sgd_opts sgd;
+  dg_adamw_opts adam; /* AdamW and LAMB */
+  dg_lars_opts lars;  /* pointers cleared: exclusions are in `excluded` */
+  unsigned char *excluded; /* (nparams) LARS: 1 = no adaptation, no decay */
+  int nstate;
+  const char *state_name[DG_OPTIM_MAX_STATE];
+  float *state[DG_OPTIM_MAX_STATE]; /* (n) each, layout of the flat buffer */
+  dg__optim_step_fn step_fn;
+};
+
+/* Allocates the object and `nstate` zeroed state buffers of the store's flat
+ * length. Names are static strings. */
+int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const char *name,
+                    int nstate, const char *const *state_names);
+
+/* AdamW/LAMB hyperparameters in range. */
+int dg__adam_opts_ok(const dg_adamw_opts *a);
+
+/* Element range [lo, hi) of parameter i in the flat buffers. */
+void dg__optim_param_range(const dg_optim *o, int i, size_t *lo, size_t *hi);
+
+#endif

@@ -1,0 +1,164 @@
+/* Layer-wise adaptive optimizers: LAMB (You et al. 2019) and LARS (You et al.
+ * 2017). Both need per-parameter norms, so they walk the store parameter by
+ * parameter; norms are accumulated in double. No scratch memory: LAMB makes
+ * two passes (norms, then update) and recomputes its update direction. */
+#include <math.h>
+#include <string.h>
+
+#include "optim/optim_impl.h"
+
+/* ---- LAMB ---- */
+
+dg_lamb_opts dg_lamb_defaults(void) { return dg_adamw_defaults(); }
+
+static void lamb_param(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
+  const dg_adamw_opts *a = &o->adam;
+  const double t = (double)o->step;
+  const float bc1 = (float)(1.0 - pow(a->beta1, t)), bc2 = (float)(1.0 - pow(a->beta2, t));
+  const float b1 = a->beta1, b2 = a->beta2, eps = a->eps, wd = a->weight_decay;
+  float *m = o->state[0], *v = o->state[1];
+  double wn = 0, rn = 0;
+  for (size_t j = lo; j < hi; j++) {
+    float gj = g[j];
+    float mj = m[j] * b1 + (1.0f - b1) * gj;
+    float vj = v[j] * b2 + (1.0f - b2) * gj * gj;
+    m[j] = mj;
+    v[j] = vj;
+    float r = (mj / bc1) / (sqrtf(vj / bc2) + eps) + wd * w[j];
+    wn += (double)w[j] * w[j];
+    rn += (double)r * r;
+  }
+  double ratio = (wn > 0 && rn > 0) ? sqrt(wn) / sqrt(rn) : 1.0;
+  const float step = (float)(o->lr * ratio);
+  for (size_t j = lo; j < hi; j++) {
+    float r = (m[j] / bc1) / (sqrtf(v[j] / bc2) + eps) + wd * w[j];
+    w[j] -= step * r;
+  }
+}
+
+static void lamb_step(dg_optim *o, float *w, const float *g) {
+  for (int i = 0; i < o->nparams; i++) {
+    if (!dg_params_trainable(o->ps, i)) continue;
+    size_t lo, hi;
+    dg__optim_param_range(o, i, &lo, &hi);
+    lamb_param(o, w, g, lo, hi);
+  }
+}
+
+int dg_optim_lamb_new(dg_optim **out, dg_params *ps, const dg_lamb_opts *opts) {
+  dg_lamb_opts op = opts ? *opts : dg_lamb_defaults();
+  if (out) *out = NULL;
+  if (!out || !ps || !dg__adam_opts_ok(&op)) {
+    DG_LOGE("optim_lamb_new: invalid options (lr %g, betas %g %g, eps %g, wd %g)", op.lr,
+            op.beta1, op.beta2, op.eps, op.weight_decay);
+    return DG_EINVAL;
+  }
+  static const char *const names[] = {"exp_avg", "exp_avg_sq"};
+  int rc = dg__optim_alloc(out, ps, DG__OPT_LAMB, "lamb", 2, names);
+  if (rc) return rc;
+  (*out)->adam = op;
+  (*out)->lr = op.lr;
+  (*out)->step_fn = lamb_step;
+  return DG_OK;
+}
+
+/* ---- LARS ---- */
+
+dg_lars_opts dg_lars_defaults(void) {
+  dg_lars_opts d;
+  memset(&d, 0, sizeof d);
+  d.lr = 0.1f;
+  d.momentum = 0.9f;
+  d.weight_decay = 5e-4f;
+  d.trust_coef = 1e-3f;
+  return d;
+}
+
+static void lars_param(dg_optim *o, int excluded, float *w, const float *g, size_t lo,
+                       size_t hi) {
+  const float mom = o->lars.momentum;
+  float *buf = o->state[0];
+  if (excluded) {
+    const float lr = o->lr;
+    for (size_t j = lo; j < hi; j++) {
+      buf[j] = mom * buf[j] + lr * g[j];
+      w[j] -= buf[j];
+    }
+    return;
+  }
+  const float wd = o->lars.weight_decay;
+  double wn = 0, gn = 0;
+  for (size_t j = lo; j < hi; j++) {
+    wn += (double)w[j] * w[j];
+    gn += (double)g[j] * g[j];
+  }
+  wn = sqrt(wn);
+  gn = sqrt(gn);
+  double local = 1.0;
+  if (wn > 0 && gn > 0)
+    local = o->lars.trust_coef * wn / (gn + wd * wn + o->lars.eps);
+  const float scale = (float)(o->lr * local);
+  for (size_t j = lo; j < hi; j++) {
+    buf[j] = mom * buf[j] + scale * (g[j] + wd * w[j]);
+    w[j] -= buf[j];
+  }
+}
+
+static void lars_step(dg_optim *o, float *w, const float *g) {
+  for (int i = 0; i < o->nparams; i++) {
+    if (!dg_params_trainable(o->ps, i)) continue;
+    size_t lo, hi;
+    dg__optim_param_range(o, i, &lo, &hi);
+    lars_param(o, o->excluded[i], w, g, lo, hi);
+  }
+}
+
+static int has_suffix(const char *s, const char *suf) {
+  size_t a = strlen(s), b = strlen(suf);
+  return b <= a && !strcmp(s + a - b, suf);
+}
+
+/* Fills o->excluded from the rules documented in optim.h. */
+static void lars_exclusions(dg_optim *o, const dg_lars_opts *op) {
+  for (int i = 0; i < o->nparams; i++) {
+    dg_tensor *t = dg_params_get(o->ps, i);
+    const char *name = dg_tensor_name(t);
+    int ex = !op->adapt_1d && dg_tensor_ndim(t) <= 1;
+    for (int k = 0; !ex && k < op->n_exclude_suffixes; k++)
+      ex = op->exclude_suffixes[k] && has_suffix(name, op->exclude_suffixes[k]);
+    if (!ex && op->exclude) ex = op->exclude(op->exclude_user, i, name, t) != 0;
+    o->excluded[i] = (unsigned char)ex;
+  }
+}
+
+int dg_optim_lars_new(dg_optim **out, dg_params *ps, const dg_lars_opts *opts) {
+  dg_lars_opts op = opts ? *opts : dg_lars_defaults();
+  if (out) *out = NULL;
+  if (op.trust_coef == 0) op.trust_coef = 1e-3f;
+  if (!out || !ps || !(op.lr >= 0) || !(op.momentum >= 0) || !(op.weight_decay >= 0) ||
+      !(op.trust_coef > 0) || !(op.eps >= 0) || op.n_exclude_suffixes < 0 ||
+      (op.n_exclude_suffixes > 0 && !op.exclude_suffixes)) {
+    DG_LOGE("optim_lars_new: invalid options (lr %g, momentum %g, wd %g, trust %g)", op.lr,
+            op.momentum, op.weight_decay, op.trust_coef);
+    return DG_EINVAL;
+  }
+  static const char *const names[] = {"momentum_buffer"};
+  int rc = dg__optim_alloc(out, ps, DG__OPT_LARS, "lars", 1, names);
+  if (rc) return rc;
+  dg_optim *o = *out;
+  o->excluded = dg__calloc(o->nparams ? (size_t)o->nparams : 1, 1);
+  if (!o->excluded) {
+    dg_optim_free(o);
+    *out = NULL;
+    return DG_ENOMEM;
+  }
+  lars_exclusions(o, &op);
+  op.exclude_suffixes = NULL;
+  op.n_exclude_suffixes = 0;
+  op.exclude = NULL;
+  op.exclude_user = NULL;
+  o->lars = op;
+  o->lr = op.lr;
+  o->step_fn = lars_step;
+  return DG_OK;
+}
