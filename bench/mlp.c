@@ -1,0 +1,260 @@
+/* MLP training-step benchmark: 784-512-256-10, ReLU, cross-entropy, plain SGD.
+ *
+ * One step = zero_grad (one memset) + forward + backward + SGD update (one loop
+ * over the flat parameter buffer) + dg_ctx_reset. Data are synthetic: a fixed
+ * random batch and fixed random labels. bench/mlp_torch.py does the same work
+ * in PyTorch.
+ *
+ *   mlp [--batch N] [--threads T] [--steps S] [--warmup W]
+ *
+ * Prints one JSON line:
+ *   {"impl":"dgrad","batch":..,"threads":..,"steps":..,"steps_per_s":..,
+ *    "peak_rss_mib":..,"heap_allocs_per_step":..,"heap_frees_per_step":..,
+ *    "loss":..}
+ *
+ * Heap allocations are counted by interposing malloc/calloc/realloc/free (and
+ * the aligned variants) in this binary: every call, from dgrad, OpenBLAS or
+ * libc, goes through the counters below and on to glibc's __libc_* entry
+ * points. The count covers the timed steps only (after warmup). */
+#include <errno.h>
+#include <execinfo.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <dgrad.h>
+
+/* ---- heap-call counting (interposition) ---- */
+
+extern void *__libc_malloc(size_t n);
+extern void *__libc_calloc(size_t n, size_t sz);
+extern void *__libc_realloc(void *p, size_t n);
+extern void *__libc_memalign(size_t align, size_t n);
+extern void __libc_free(void *p);
+
+static uint64_t g_allocs; /* malloc, calloc, realloc, aligned variants */
+static uint64_t g_frees;  /* free of a non-NULL pointer */
+/* MLP_TRACE_ALLOCS=1: print a backtrace (stderr) for every allocation made
+ * during the timed steps, to find who allocates. */
+static int g_trace;
+static __thread int g_in_trace;
+
+static void count_alloc(void) {
+  __atomic_fetch_add(&g_allocs, 1, __ATOMIC_RELAXED);
+  if (__atomic_load_n(&g_trace, __ATOMIC_RELAXED) && !g_in_trace) {
+    void *bt[16];
+    g_in_trace = 1;
+    int n = backtrace(bt, 16);
+    fprintf(stderr, "-- heap allocation during a timed step:\n");
+    backtrace_symbols_fd(bt, n, 2);
+    g_in_trace = 0;
+  }
+}
+
+void *malloc(size_t n) {
+  count_alloc();
+  return __libc_malloc(n);
+}
+
+void *calloc(size_t n, size_t sz) {
+  count_alloc();
+  return __libc_calloc(n, sz);
+}
+
+void *realloc(void *p, size_t n) {
+  count_alloc();
+  return __libc_realloc(p, n);
+}
+
+void free(void *p) {
+  if (p) __atomic_fetch_add(&g_frees, 1, __ATOMIC_RELAXED);
+  __libc_free(p);
+}
+
+void *memalign(size_t align, size_t n);
+void *memalign(size_t align, size_t n) {
+  count_alloc();
+  return __libc_memalign(align, n);
+}
+
+void *aligned_alloc(size_t align, size_t n) {
+  count_alloc();
+  return __libc_memalign(align, n);
+}
+
+int posix_memalign(void **out, size_t align, size_t n) {
+  count_alloc();
+  if (align < sizeof(void *) || (align & (align - 1))) return EINVAL;
+  void *p = __libc_memalign(align, n);
+  if (!p && n) return ENOMEM;
+  *out = p;
+  return 0;
+}
+
+static uint64_t allocs_now(void) { return __atomic_load_n(&g_allocs, __ATOMIC_RELAXED); }
+static uint64_t frees_now(void) { return __atomic_load_n(&g_frees, __ATOMIC_RELAXED); }
+
+/* ---- model ---- */
+
+#define NLAYERS 3
+static const int64_t k_dims[NLAYERS + 1] = {784, 512, 256, 10};
+
+typedef struct {
+  dg_params *ps;
+  dg_tensor *w[NLAYERS]; /* (out, in) */
+  dg_tensor *b[NLAYERS]; /* (out) */
+} mlp;
+
+/* Registers the layers and fills them like torch.nn.Linear's default:
+ * uniform in [-1/sqrt(in), 1/sqrt(in)). */
+static int mlp_init(mlp *m) {
+  int rc = dg_params_new(&m->ps);
+  for (int l = 0; !rc && l < NLAYERS; l++) {
+    char name[32];
+    int64_t ws[2] = {k_dims[l + 1], k_dims[l]};
+    snprintf(name, sizeof name, "fc%d.weight", l + 1);
+    rc = dg_params_add(m->ps, name, 2, ws, &m->w[l]);
+    snprintf(name, sizeof name, "fc%d.bias", l + 1);
+    if (!rc) rc = dg_params_add(m->ps, name, 1, ws, &m->b[l]);
+  }
+  if (rc) return rc;
+  uint64_t off = 0;
+  for (int l = 0; l < NLAYERS; l++) {
+    float bound = 1.0f / sqrtf((float)k_dims[l]);
+    dg_tensor *ts[2] = {m->w[l], m->b[l]};
+    for (int k = 0; k < 2; k++) {
+      float *p = dg_tensor_data(ts[k]);
+      size_t n = (size_t)dg_tensor_numel(ts[k]);
+      dg_rng_uniform(1234, off, p, n);
+      off += (n + 3) & ~(size_t)3;
+      for (size_t i = 0; i < n; i++) p[i] = (2.0f * p[i] - 1.0f) * bound;
+    }
+  }
+  return DG_OK;
+}
+
+/* One training step. x (B, 784) f32, y (B) i64 are caller memory. Returns the
+ * loss, or NAN on error (message printed). */
+static float step(dg_ctx *ctx, mlp *m, float *x, int64_t *y, int64_t B, float lr) {
+  int64_t xs[2] = {B, k_dims[0]};
+  dg_params_zero_grad(m->ps);
+  dg_tensor *h = dg_wrap(ctx, DG_F32, 2, xs, x);
+  for (int l = 0; l < NLAYERS; l++) {
+    h = dg_linear(ctx, h, m->w[l], m->b[l]);
+    if (l < NLAYERS - 1) h = dg_relu(ctx, h);
+  }
+  dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, &B, y);
+  dg_tensor *loss = dg_cross_entropy(ctx, h, yt);
+  if (!loss || dg_backward(ctx, loss)) {
+    fprintf(stderr, "mlp: step failed: %s\n", dg_errmsg(ctx));
+    return NAN;
+  }
+  float lv = dg_tensor_item(loss);
+  size_t n = 0;
+  float *p = dg_params_data(m->ps, &n);
+  const float *g = dg_params_grad(m->ps, &n);
+  for (size_t i = 0; i < n; i++) p[i] -= lr * g[i];
+  dg_ctx_reset(ctx);
+  return lv;
+}
+
+/* ---- driver ---- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static long arg_long(int argc, char **argv, int *i) {
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "mlp: %s needs a value\n", argv[*i]);
+    exit(2);
+  }
+  char *end;
+  long v = strtol(argv[++*i], &end, 10);
+  if (*end || v < 0) {
+    fprintf(stderr, "mlp: bad value for %s: %s\n", argv[*i - 1], argv[*i]);
+    exit(2);
+  }
+  return v;
+}
+
+int main(int argc, char **argv) {
+  long batch = 64, threads = 1, steps = 200, warmup = 20;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i);
+    else {
+      fprintf(stderr, "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (batch < 1 || threads < 1 || steps < 1) {
+    fprintf(stderr, "mlp: batch, threads and steps must be >= 1\n");
+    return 2;
+  }
+  if (warmup < 2) warmup = 2; /* the arena settles after its first step */
+  dg_set_num_threads((int)threads);
+
+  mlp m;
+  memset(&m, 0, sizeof m);
+  dg_ctx *ctx = NULL;
+  int rc = mlp_init(&m);
+  if (!rc) rc = dg_ctx_new(&ctx, NULL);
+  float *x = malloc((size_t)batch * (size_t)k_dims[0] * sizeof *x);
+  int64_t *y = malloc((size_t)batch * sizeof *y);
+  if (rc || !x || !y) {
+    fprintf(stderr, "mlp: setup failed: %s\n", dg_strerror(rc ? rc : DG_ENOMEM));
+    return 1;
+  }
+  dg_rng_normal(42, 0, x, (size_t)batch * (size_t)k_dims[0]);
+  float *u = malloc((size_t)batch * sizeof *u);
+  if (!u) return 1;
+  dg_rng_uniform(43, 0, u, (size_t)batch);
+  for (long i = 0; i < batch; i++) {
+    y[i] = (int64_t)(u[i] * (float)k_dims[NLAYERS]);
+    if (y[i] >= k_dims[NLAYERS]) y[i] = k_dims[NLAYERS] - 1;
+  }
+  free(u);
+
+  const float lr = 0.01f;
+  float loss = 0;
+  for (long s = 0; s < warmup; s++)
+    if (isnan(loss = step(ctx, &m, x, y, batch, lr))) return 1;
+
+  const char *tr = getenv("MLP_TRACE_ALLOCS");
+  if (tr && *tr && *tr != '0') {
+    void *bt[2];
+    backtrace(bt, 2); /* loads libgcc now, not inside the window */
+    __atomic_store_n(&g_trace, 1, __ATOMIC_RELAXED);
+  }
+  uint64_t a0 = allocs_now(), f0 = frees_now();
+  double t0 = now_s();
+  for (long s = 0; s < steps; s++)
+    if (isnan(loss = step(ctx, &m, x, y, batch, lr))) return 1;
+  double dt = now_s() - t0;
+  uint64_t a1 = allocs_now(), f1 = frees_now();
+  __atomic_store_n(&g_trace, 0, __ATOMIC_RELAXED);
+
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  printf("{\"impl\":\"dgrad\",\"batch\":%ld,\"threads\":%ld,\"steps\":%ld,"
+         "\"steps_per_s\":%.2f,\"peak_rss_mib\":%.1f,\"heap_allocs_per_step\":%.3g,"
+         "\"heap_frees_per_step\":%.3g,\"loss\":%.5f}\n",
+         batch, threads, steps, (double)steps / dt, (double)ru.ru_maxrss / 1024.0,
+         (double)(a1 - a0) / (double)steps, (double)(f1 - f0) / (double)steps, (double)loss);
+  fflush(stdout);
+
+  dg_ctx_free(ctx);
+  dg_params_free(m.ps);
+  free(x);
+  free(y);
+  return 0;
+}

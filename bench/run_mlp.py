@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""Runs the MLP benchmark for dgrad (bench/mlp.c) and PyTorch (bench/mlp_torch.py)
+interleaved in one window, and checks the ratios against issue 2's targets.
+
+    /usr/bin/python3 bench/run_mlp.py [--build-dir build-bench] [--runs 5] [--out FILE]
+
+Every round runs each setting once, alternating dgrad and torch, so that a
+slow patch of a shared machine hits both sides alike; the summary uses the
+median of the rounds. Settings, for batch 64, 256 and 1:
+  dgrad   1 thread, 2 threads
+  torch   1 thread; 2 threads with the default OpenMP wait policy and with
+          OMP_WAIT_POLICY=PASSIVE (OpenBLAS capped at the same thread count;
+          see mlp_torch.py); and, for information, 1 torch thread with
+          OpenBLAS at its default (one thread per core: what a plain
+          `import torch` gets on Debian)
+Prints every JSON line as it arrives, then the medians and the ratios.
+Needs only the standard library; torch is only needed by mlp_torch.py, which
+runs under /usr/bin/python3 (Debian's python3-torch).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TORCH_PY = "/usr/bin/python3"
+
+# steps and warmup per batch: each run times about 0.5-2 s of steps
+STEPS = {64: (300, 30), 256: (100, 10), 1: (2000, 200)}
+
+# (label, impl, threads, extra env, extra args)
+SETTINGS = [
+    ("dgrad t1", "dgrad", 1, {}, []),
+    ("torch t1", "torch", 1, {}, []),
+    ("dgrad t2", "dgrad", 2, {}, []),
+    ("torch t2 omp=default", "torch", 2, {}, []),
+    ("torch t2 omp=PASSIVE", "torch", 2, {"OMP_WAIT_POLICY": "PASSIVE"}, []),
+    ("torch t1 blas=default", "torch", 1, {}, ["--blas-threads", "0"]),
+]
+
+
+def run_one(mlp, impl, batch, threads, env_extra, args_extra):
+    steps, warmup = STEPS[batch]
+    common = ["--batch", str(batch), "--threads", str(threads),
+              "--steps", str(steps), "--warmup", str(warmup)]
+    if impl == "dgrad":
+        cmd = [mlp] + common
+    else:
+        cmd = [TORCH_PY, os.path.join(HERE, "mlp_torch.py")] + common + args_extra
+    env = dict(os.environ)
+    for k in ("OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+              "DG_NUM_THREADS", "MLP_TRACE_ALLOCS"):
+        env.pop(k, None)
+    env.update(env_extra)
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=300)
+    if p.returncode != 0:
+        sys.stderr.write("run_mlp: %s failed (%d):\n%s" % (" ".join(cmd), p.returncode, p.stderr))
+        return None
+    line = [l for l in p.stdout.splitlines() if l.startswith("{")][-1]
+    return json.loads(line)
+
+
+def verdict(ok):
+    return "PASS" if ok else "MISS"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build-bench"))
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--batches", default="64,256,1")
+    ap.add_argument("--out", help="also write the JSON lines to this file")
+    a = ap.parse_args()
+    mlp = os.path.join(a.build_dir, "bench", "mlp")
+    if not os.access(mlp, os.X_OK):
+        sys.exit("run_mlp: %s not built (meson setup build-bench && ninja -C build-bench)" % mlp)
+    if not os.access(TORCH_PY, os.X_OK):
+        sys.exit("run_mlp: %s not found" % TORCH_PY)
+    batches = [int(b) for b in a.batches.split(",")]
+    out = open(a.out, "w") if a.out else None
+
+    res = {}  # (label, batch) -> [records]
+    t_start = time.time()
+    for r in range(a.runs):
+        for b in batches:
+            for label, impl, th, env, extra in SETTINGS:
+                rec = run_one(mlp, impl, b, th, env, extra)
+                if rec is None:
+                    continue
+                rec["setting"] = label
+                rec["round"] = r
+                line = json.dumps(rec)
+                print(line, flush=True)
+                if out:
+                    out.write(line + "\n")
+                    out.flush()
+                res.setdefault((label, b), []).append(rec)
+    elapsed = time.time() - t_start
+
+    def med(label, b):
+        rs = res.get((label, b), [])
+        return statistics.median([x["steps_per_s"] for x in rs]) if rs else float("nan")
+
+    print("\n# medians of %d rounds (steps/s), %.0f s in all" % (a.runs, elapsed))
+    print("%-24s" % "setting" + "".join("%12s" % ("batch %d" % b) for b in batches))
+    for label, *_ in SETTINGS:
+        print("%-24s" % label + "".join("%12.1f" % med(label, b) for b in batches))
+
+    print("\n# targets (ratios of medians, dgrad / torch, same window)")
+    checks = []
+
+    def ratio(label, b, num, den, want):
+        if b not in batches:
+            return
+        v = num / den if den else float("nan")
+        checks.append(v >= want)
+        print("%-58s %6.2fx  (want >= %.1fx)  %s" % (label, v, want, verdict(v >= want)))
+
+    for b, want in ((64, 1.5), (256, 1.3), (1, 2.5)):
+        ratio("batch %d, 1 thread: dgrad t1 / torch t1" % b, b, med("dgrad t1", b),
+              med("torch t1", b), want)
+    for b in batches:
+        best2 = max(med("torch t2 omp=default", b), med("torch t2 omp=PASSIVE", b))
+        ratio("batch %d, 2 threads: dgrad t2 / torch best t2" % b, b, med("dgrad t2", b),
+              best2, 1.8)
+        ratio("batch %d, 2 threads: dgrad t2 / dgrad t1" % b, b, med("dgrad t2", b),
+              med("dgrad t1", b), 1.0)
+    dg = [x for (lab, _), rs in res.items() if lab.startswith("dgrad") for x in rs]
+    allocs = max((x["heap_allocs_per_step"] for x in dg), default=float("nan"))
+    allocs_by = sorted({(x["batch"], x["threads"], x["heap_allocs_per_step"]) for x in dg})
+    ok = allocs == 0
+    checks.append(ok)
+    print("%-58s %7s  (want 0)        %s" % ("heap allocations per steady-state step (max)",
+                                            "%g" % allocs, verdict(ok)))
+    if not ok:
+        print("    per (batch, threads): " + ", ".join(
+            "(%d, %d): %g" % t for t in allocs_by if t[2]))
+    rss = max((x["peak_rss_mib"] for x in dg), default=float("nan"))
+    trss = max((x["peak_rss_mib"] for (lab, _), rs in res.items() if lab.startswith("torch")
+                for x in rs), default=float("nan"))
+    ok = rss < 32
+    checks.append(ok)
+    print("%-58s %6.1f   (want < 32; torch %.0f)  %s" % ("peak RSS MiB, dgrad (max)", rss, trss,
+                                                         verdict(ok)))
+    print("\n# %d of %d targets met" % (sum(checks), len(checks)))
+    if out:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()
