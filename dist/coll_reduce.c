@@ -1,0 +1,79 @@
+/* Element-wise reductions for every dtype (f16/bf16 go through f32, one
+ * rounding per step, as Gloo's float16 does). */
+#include <math.h>
+#include <string.h>
+
+#include "dist/pg_impl.h"
+#include "tensor/common_impl.h"
+
+#define RED_LOOP(T, EXPR)                          \
+  do {                                             \
+    T *d_ = dst;                                   \
+    const T *s_ = src;                             \
+    for (size_t i = 0; i < n; i++) {               \
+      T a = d_[i], b = s_[i];                      \
+      d_[i] = (EXPR);                              \
+    }                                              \
+  } while (0)
+
+#define RED_NATIVE(T)                                        \
+  switch (op) {                                              \
+    case DG_RED_SUM:                                         \
+    case DG_RED_AVG: RED_LOOP(T, a + b); break;              \
+    case DG_RED_MIN: RED_LOOP(T, b < a ? b : a); break;      \
+    case DG_RED_MAX: RED_LOOP(T, b > a ? b : a); break;      \
+    case DG_RED_PROD: RED_LOOP(T, a * b); break;             \
+  }
+
+static float apply_f(float a, float b, dg_redop op) {
+  switch (op) {
+    case DG_RED_MIN: return b < a ? b : a;
+    case DG_RED_MAX: return b > a ? b : a;
+    case DG_RED_PROD: return a * b;
+    default: return a + b;
+  }
+}
+
+static void reduce_half(uint16_t *d, const uint16_t *s, size_t n, int bf, dg_redop op) {
+  for (size_t i = 0; i < n; i++) {
+    float a = bf ? dg_bf16_to_f32(d[i]) : dg_f16_to_f32(d[i]);
+    float b = bf ? dg_bf16_to_f32(s[i]) : dg_f16_to_f32(s[i]);
+    float r = apply_f(a, b, op);
+    d[i] = bf ? dg_f32_to_bf16(r) : dg_f32_to_f16(r);
+  }
+}
+
+void dg__reduce(void *dst, const void *src, size_t n, dg_dtype dt, dg_redop op) {
+  switch (dt) {
+    case DG_F32: RED_NATIVE(float); break;
+    case DG_F64: RED_NATIVE(double); break;
+    case DG_I32: RED_NATIVE(int32_t); break;
+    case DG_I64: RED_NATIVE(int64_t); break;
+    case DG_F16: reduce_half(dst, src, n, 0, op); break;
+    case DG_BF16: reduce_half(dst, src, n, 1, op); break;
+    default: DG_ASSERT(!"bad dtype");
+  }
+}
+
+void dg__scale_div(void *buf, size_t n, dg_dtype dt, int by) {
+  if (by == 1) return;
+  for (size_t i = 0; i < n; i++) {
+    switch (dt) {
+      case DG_F32: ((float *)buf)[i] /= (float)by; break;
+      case DG_F64: ((double *)buf)[i] /= by; break;
+      case DG_I32: ((int32_t *)buf)[i] /= by; break;
+      case DG_I64: ((int64_t *)buf)[i] /= by; break;
+      case DG_F16: {
+        uint16_t *h = buf;
+        h[i] = dg_f32_to_f16(dg_f16_to_f32(h[i]) / (float)by);
+        break;
+      }
+      case DG_BF16: {
+        uint16_t *h = buf;
+        h[i] = dg_f32_to_bf16(dg_bf16_to_f32(h[i]) / (float)by);
+        break;
+      }
+      default: DG_ASSERT(!"bad dtype");
+    }
+  }
+}

@@ -1,0 +1,104 @@
+/* Process group internals shared by pg*.c and coll_*.c. Internal. */
+#ifndef DG_PG_IMPL_H
+#define DG_PG_IMPL_H
+
+#include <pthread.h>
+
+#include "dgrad/dist.h"
+#include "dist/transport/transport_impl.h"
+
+typedef enum {
+  DG_W_ALLREDUCE,
+  DG_W_BROADCAST,
+  DG_W_ALLGATHER,
+  DG_W_REDUCE_SCATTER,
+  DG_W_BARRIER,
+  DG_W_SEND,
+  DG_W_RECV
+} dg_wkind;
+
+/* Slot prefixes of ProcessGroupGloo (gloo/types.h). */
+enum {
+  DG_SLOT_ALLGATHER = 2,
+  DG_SLOT_ALLREDUCE = 4,
+  DG_SLOT_BROADCAST = 6,
+  DG_SLOT_BARRIER = 7
+};
+
+struct dg_work {
+  dg_pg *pg;
+  dg_wkind kind;
+  uint64_t seq;  /* per group, every operation */
+  uint32_t tag;  /* collectives: ProcessGroupGloo's collectiveCounter_ */
+  void *buf;
+  const void *in;
+  void *out;
+  size_t count;
+  dg_dtype dt;
+  dg_redop op;
+  int root, peer;
+  dg_algo algo;
+  int64_t deadline; /* ms, monotonic; set when it starts */
+  int status;       /* DG_XOP_PENDING, DG_OK or a code */
+  char err[512];
+  dg_xop xop; /* send/recv */
+  struct dg_work *next;
+};
+
+struct dg_pg {
+  int rank, size, local_rank, local_size;
+  int timeout_ms, all_dgrad;
+  dg_algo algo;
+  dg_store *own_store;         /* created from the environment */
+  dg_store *s_pg, *s_grp, *s_dev; /* "default_pg", "<group>", "0" prefixes */
+  dg_xport *x;
+  pthread_mutex_t mu;
+  pthread_cond_t qcv, dcv; /* work queued / work done */
+  dg_work *qhead, *qtail;
+  int stop;
+  pthread_t worker;
+  int worker_started;
+  uint32_t tag;
+  uint64_t seq;
+  char err[512];
+};
+
+/* What an algorithm runs with. */
+typedef struct {
+  dg_pg *pg;
+  dg_work *w;
+  dg_xport *x;
+  int rank, size;
+  uint64_t slot;
+  int64_t deadline;
+} dg_coll;
+
+const char *dg__work_name(const dg_work *w);
+/* Post / wait with the work's deadline; on failure the work's message is
+ * set (op, seq, peer) and the error code returned. A timeout aborts the
+ * transport, so no late message lands in a buffer the caller reuses. */
+int dg__coll_send(dg_coll *c, dg_xop *op, int peer, const void *buf, size_t n);
+int dg__coll_recv(dg_coll *c, dg_xop *op, int peer, void *buf, size_t n);
+int dg__coll_wait(dg_coll *c, dg_xop *op);
+/* Fails the work with a transport-level error. */
+int dg__coll_fail(dg_coll *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* coll_reduce.c: dst[i] = dst[i] (op) src[i] for n elements; AVG sums. */
+void dg__reduce(void *dst, const void *src, size_t n, dg_dtype dt, dg_redop op);
+/* Divides by `by` (AVG's final step). */
+void dg__scale_div(void *buf, size_t n, dg_dtype dt, int by);
+
+/* coll_gloo.c: Gloo's algorithms, message for message. */
+int dg__gloo_allreduce_ring(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
+int dg__gloo_barrier(dg_coll *c);
+int dg__gloo_broadcast(dg_coll *c, void *buf, size_t bytes, int root);
+int dg__gloo_allgather(dg_coll *c, const void *in, void *out, size_t bytes);
+
+/* coll_fast.c: dgrad-only algorithms (every rank runs dgrad). */
+int dg__allreduce_rd(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
+int dg__allreduce_direct(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
+int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_dtype dt,
+                       dg_redop op);
+
+#endif

@@ -1,0 +1,370 @@
+/* Works: collectives queue to the group's worker thread and run there in
+ * call order (tags taken at call time, as ProcessGroupGloo does); send/recv
+ * go straight to the transport. Error messages name op, seq and peer. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "dist/pg_impl.h"
+#include "dist/transport/net_impl.h"
+#include "tensor/common_impl.h"
+
+/* dgrad-only allreduce choice: latency-bound below this many bytes. */
+#define SMALL_BYTES (64u << 10)
+
+const char *dg__work_name(const dg_work *w) {
+  static const char *names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
+                                "barrier",   "send",      "recv"};
+  return names[w->kind];
+}
+
+static void set_err(dg_work *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(dg_work *w, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  dg__vfmt(w->err, sizeof w->err, fmt, ap);
+  va_end(ap);
+}
+
+/* Makes any failure sticky (the transport aborts), and records it. */
+static int work_fail(dg_work *w, dg_xport *x, int code, const char *detail) {
+  char tm[512];
+  if (x->vt->error(x, tm, sizeof tm) == DG_OK) {
+    snprintf(tm, sizeof tm, "%s #%llu: %s", dg__work_name(w), (unsigned long long)w->seq,
+             detail);
+    x->vt->abort(x, code, tm);
+    set_err(w, "%s", tm);
+  } else {
+    set_err(w, "%s #%llu failed: %s", dg__work_name(w), (unsigned long long)w->seq, tm);
+    code = x->vt->error(x, NULL, 0);
+  }
+  return code;
+}
+
+int dg__coll_fail(dg_coll *c, int code, const char *fmt, ...) {
+  char d[384];
+  va_list ap;
+  va_start(ap, fmt);
+  dg__vfmt(d, sizeof d, fmt, ap);
+  va_end(ap);
+  return work_fail(c->w, c->x, code, d);
+}
+
+static int post(dg_coll *c, dg_xop *op, int peer, void *buf, size_t n, int send) {
+  *op = (dg_xop){.peer = peer, .slot = c->slot, .buf = buf, .n = n};
+  int rc = send ? c->x->vt->send(c->x, op) : c->x->vt->recv(c->x, op);
+  if (rc == DG_OK) return DG_OK;
+  return dg__coll_fail(c, rc, "cannot %s rank %d: it has left the group", send ? "send to" : "receive from", peer);
+}
+
+int dg__coll_send(dg_coll *c, dg_xop *op, int peer, const void *buf, size_t n) {
+  return post(c, op, peer, (void *)buf, n, 1);
+}
+
+int dg__coll_recv(dg_coll *c, dg_xop *op, int peer, void *buf, size_t n) {
+  return post(c, op, peer, buf, n, 0);
+}
+
+int dg__coll_wait(dg_coll *c, dg_xop *op) {
+  int rc = c->x->vt->wait(c->x, op, c->deadline);
+  if (rc == DG_OK) return DG_OK;
+  if (rc == DG_ETIMEDOUT && op->status == DG_XOP_PENDING)
+    return dg__coll_fail(c, DG_ETIMEDOUT,
+                         "timed out after %d ms waiting for rank %d (%s of %zu bytes, slot "
+                         "0x%llx)", c->pg->timeout_ms, op->peer,
+                         op->is_send ? "send" : "receive", op->n,
+                         (unsigned long long)op->slot);
+  return work_fail(c->w, c->x, rc, "transport failed");
+}
+
+static uint64_t slot_of(int prefix, uint32_t tag) {
+  return ((uint64_t)prefix << 56) | ((uint64_t)tag << 24);
+}
+
+static int run_allreduce(dg_coll *c, dg_work *w) {
+  size_t bytes = w->count * dg_dtype_size(w->dt);
+  dg_algo a = w->algo;
+  if (!c->pg->all_dgrad) a = DG_ALGO_RING;
+  if (a == DG_ALGO_AUTO) a = bytes <= SMALL_BYTES ? DG_ALGO_HALVING_DOUBLING : DG_ALGO_DIRECT;
+  c->slot = slot_of(DG_SLOT_ALLREDUCE, w->tag);
+  int rc;
+  if (c->size == 1 || w->count == 0) rc = DG_OK;
+  else if (a == DG_ALGO_RING) rc = dg__gloo_allreduce_ring(c, w->buf, w->count, w->dt, w->op);
+  else if (a == DG_ALGO_HALVING_DOUBLING) rc = dg__allreduce_rd(c, w->buf, w->count, w->dt, w->op);
+  else rc = dg__allreduce_direct(c, w->buf, w->count, w->dt, w->op);
+  if (rc == DG_OK && w->op == DG_RED_AVG) dg__scale_div(w->buf, w->count, w->dt, c->size);
+  return rc;
+}
+
+static int run_work(dg_pg *pg, dg_work *w) {
+  dg_coll c = {.pg = pg, .w = w, .x = pg->x, .rank = pg->rank, .size = pg->size,
+               .deadline = w->deadline};
+  size_t es = dg_dtype_size(w->dt);
+  int e = pg->x->vt->error(pg->x, NULL, 0);
+  if (e != DG_OK) return work_fail(w, pg->x, e, "");
+  switch (w->kind) {
+    case DG_W_ALLREDUCE: return run_allreduce(&c, w);
+    case DG_W_BROADCAST:
+      c.slot = slot_of(DG_SLOT_BROADCAST, w->tag);
+      return c.size == 1 ? DG_OK : dg__gloo_broadcast(&c, w->buf, w->count * es, w->root);
+    case DG_W_ALLGATHER:
+      c.slot = slot_of(DG_SLOT_ALLGATHER, w->tag);
+      return dg__gloo_allgather(&c, w->in, w->out, w->count * es);
+    case DG_W_REDUCE_SCATTER:
+      c.slot = slot_of(DG_SLOT_ALLREDUCE, w->tag);
+      return dg__reduce_scatter(&c, w->in, w->out, w->count, w->dt, w->op);
+    case DG_W_BARRIER:
+      c.slot = slot_of(DG_SLOT_BARRIER, w->tag);
+      return dg__gloo_barrier(&c);
+    default: DG_ASSERT(!"not a collective");
+  }
+  return DG_EINVAL;
+}
+
+static void *worker_main(void *arg) {
+  dg_pg *pg = arg;
+  pthread_mutex_lock(&pg->mu);
+  for (;;) {
+    while (!pg->qhead && !pg->stop) pthread_cond_wait(&pg->qcv, &pg->mu);
+    if (!pg->qhead) break;
+    dg_work *w = pg->qhead;
+    pg->qhead = w->next;
+    if (!pg->qhead) pg->qtail = NULL;
+    pthread_mutex_unlock(&pg->mu);
+    w->deadline = dg__deadline(0, pg->timeout_ms);
+    int rc = run_work(pg, w);
+    pthread_mutex_lock(&pg->mu);
+    if (rc != DG_OK && !pg->err[0]) snprintf(pg->err, sizeof pg->err, "%s", w->err);
+    __atomic_store_n(&w->status, rc, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&pg->dcv);
+  }
+  pthread_mutex_unlock(&pg->mu);
+  return NULL;
+}
+
+int dg__pg_start_worker(dg_pg *pg) {
+  if (pthread_create(&pg->worker, NULL, worker_main, pg) != 0) return DG_ESYS;
+  pg->worker_started = 1;
+  return DG_OK;
+}
+
+/* Runs what is queued (bounded by each work's deadline), then stops. */
+void dg__pg_stop_worker(dg_pg *pg) {
+  if (!pg->worker_started) return;
+  pthread_mutex_lock(&pg->mu);
+  pg->stop = 1;
+  pthread_cond_broadcast(&pg->qcv);
+  pthread_mutex_unlock(&pg->mu);
+  pthread_join(pg->worker, NULL);
+  pg->worker_started = 0;
+}
+
+static dg_work *new_work(dg_pg *pg, dg_wkind k, dg_dtype dt) {
+  if (!pg || (unsigned)dt >= DG_NDTYPES) return NULL;
+  dg_work *w = dg__calloc(1, sizeof *w);
+  if (!w) return NULL;
+  w->pg = pg;
+  w->kind = k;
+  w->dt = dt;
+  w->status = DG_XOP_PENDING;
+  w->algo = pg->algo;
+  return w;
+}
+
+/* Takes the tag and sequence number, queues for the worker. */
+static int enqueue(dg_pg *pg, dg_work *w, dg_work **out) {
+  pthread_mutex_lock(&pg->mu);
+  w->tag = pg->tag++;
+  w->seq = pg->seq++;
+  if (pg->qtail) pg->qtail->next = w;
+  else pg->qhead = w;
+  pg->qtail = w;
+  pthread_cond_signal(&pg->qcv);
+  pthread_mutex_unlock(&pg->mu);
+  *out = w;
+  return DG_OK;
+}
+
+int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op,
+                    dg_work **w) {
+  if (!w || (count && !buf) || (unsigned)op > DG_RED_PROD) return DG_EINVAL;
+  dg_work *k = new_work(pg, DG_W_ALLREDUCE, dt);
+  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
+  k->buf = buf;
+  k->count = count;
+  k->op = op;
+  return enqueue(pg, k, w);
+}
+
+int dg_pg_broadcast(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root, dg_work **w) {
+  if (!w || !pg || (count && !buf) || root < 0 || root >= pg->size) return DG_EINVAL;
+  dg_work *k = new_work(pg, DG_W_BROADCAST, dt);
+  if (!k) return DG_ENOMEM;
+  k->buf = buf;
+  k->count = count;
+  k->root = root;
+  return enqueue(pg, k, w);
+}
+
+int dg_pg_allgather(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
+                    dg_work **w) {
+  if (!w || (count && (!in || !out))) return DG_EINVAL;
+  dg_work *k = new_work(pg, DG_W_ALLGATHER, dt);
+  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
+  k->in = in;
+  k->out = out;
+  k->count = count;
+  return enqueue(pg, k, w);
+}
+
+int dg_pg_reduce_scatter(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
+                         dg_redop op, dg_work **w) {
+  if (!w || (count && (!in || !out)) || (unsigned)op > DG_RED_PROD) return DG_EINVAL;
+  dg_work *k = new_work(pg, DG_W_REDUCE_SCATTER, dt);
+  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
+  k->in = in;
+  k->out = out;
+  k->count = count;
+  k->op = op;
+  return enqueue(pg, k, w);
+}
+
+int dg_pg_barrier(dg_pg *pg, dg_work **w) {
+  if (!w) return DG_EINVAL;
+  dg_work *k = new_work(pg, DG_W_BARRIER, DG_F32);
+  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
+  return enqueue(pg, k, w);
+}
+
+static int p2p(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int peer, uint32_t tag,
+               dg_work **w, dg_wkind kind) {
+  if (!w || !pg || (count && !buf) || peer < 0 || peer >= pg->size || peer == pg->rank)
+    return DG_EINVAL;
+  dg_work *k = new_work(pg, kind, dt);
+  if (!k) return DG_ENOMEM;
+  pthread_mutex_lock(&pg->mu);
+  k->seq = pg->seq++;
+  pthread_mutex_unlock(&pg->mu);
+  k->buf = buf;
+  k->count = count;
+  k->peer = peer;
+  k->tag = tag;
+  k->deadline = dg__deadline(0, pg->timeout_ms);
+  k->xop = (dg_xop){.peer = peer, .slot = tag, .buf = buf, .n = count * dg_dtype_size(dt)};
+  dg_xport *x = pg->x;
+  int rc = kind == DG_W_SEND ? x->vt->send(x, &k->xop) : x->vt->recv(x, &k->xop);
+  if (rc != DG_OK) {
+    char tm[400];
+    x->vt->error(x, tm, sizeof tm);
+    set_err(k, "%s #%llu (rank %d, tag %u) failed: %s", dg__work_name(k),
+            (unsigned long long)k->seq, peer, tag,
+            x->vt->error(x, NULL, 0) ? tm : "the peer has left the group");
+    k->status = rc;
+  }
+  *w = k;
+  return DG_OK;
+}
+
+int dg_pg_send(dg_pg *pg, const void *buf, size_t count, dg_dtype dt, int dst, uint32_t tag,
+               dg_work **w) {
+  return p2p(pg, (void *)buf, count, dt, dst, tag, w, DG_W_SEND);
+}
+
+int dg_pg_recv(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int src, uint32_t tag,
+               dg_work **w) {
+  return p2p(pg, buf, count, dt, src, tag, w, DG_W_RECV);
+}
+
+/* send/recv: wait on the transport; past the op's deadline, abort. */
+static int p2p_wait(dg_work *w, int64_t until) {
+  if (w->status != DG_XOP_PENDING) return w->status;
+  dg_xport *x = w->pg->x;
+  int rc = x->vt->wait(x, &w->xop, DG_MIN(until, w->deadline));
+  if (rc == DG_ETIMEDOUT && w->xop.status == DG_XOP_PENDING) {
+    if (dg__now_ms() < w->deadline) return DG_EAGAIN;
+    char d[256];
+    snprintf(d, sizeof d, "timed out after %d ms waiting for rank %d (tag %u)",
+             w->pg->timeout_ms, w->peer, w->tag);
+    w->status = work_fail(w, x, DG_ETIMEDOUT, d);
+    return w->status;
+  }
+  if (rc != DG_OK) {
+    work_fail(w, x, rc, "transport failed");
+  }
+  w->status = rc;
+  return rc;
+}
+
+int dg_work_wait(dg_work *w, int timeout_ms) {
+  if (!w) return DG_EINVAL;
+  int64_t until = timeout_ms > 0 ? dg__now_ms() + timeout_ms : INT64_MAX;
+  if (w->kind == DG_W_SEND || w->kind == DG_W_RECV) return p2p_wait(w, until);
+  dg_pg *pg = w->pg;
+  if (__atomic_load_n(&w->status, __ATOMIC_ACQUIRE) != DG_XOP_PENDING) return w->status;
+  pthread_mutex_lock(&pg->mu);
+  while (w->status == DG_XOP_PENDING) {
+    int64_t left = until - dg__now_ms();
+    if (left <= 0) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t step = DG_MIN(left, 1000);
+    int64_t ns = ts.tv_nsec + step * 1000000;
+    ts.tv_sec += ns / 1000000000;
+    ts.tv_nsec = ns % 1000000000;
+    pthread_cond_timedwait(&pg->dcv, &pg->mu, &ts);
+  }
+  int st = w->status;
+  pthread_mutex_unlock(&pg->mu);
+  return st == DG_XOP_PENDING ? DG_EAGAIN : st;
+}
+
+int dg_work_test(dg_work *w, int *done) {
+  if (!w || !done) return DG_EINVAL;
+  int st;
+  if (w->kind == DG_W_SEND || w->kind == DG_W_RECV) {
+    st = w->status;
+    if (st == DG_XOP_PENDING) {
+      int xs = __atomic_load_n(&w->xop.status, __ATOMIC_ACQUIRE);
+      if (xs != DG_XOP_PENDING) st = p2p_wait(w, 0);
+    }
+  } else {
+    st = __atomic_load_n(&w->status, __ATOMIC_ACQUIRE);
+  }
+  *done = st != DG_XOP_PENDING;
+  return *done ? st : DG_OK;
+}
+
+size_t dg_work_count(const dg_work *w) {
+  if (!w) return 0;
+  if (w->kind == DG_W_RECV && w->status == DG_OK) return w->xop.nrecv / dg_dtype_size(w->dt);
+  return w->count;
+}
+
+const char *dg_work_errmsg(const dg_work *w) {
+  if (!w) return "no work";
+  return w->err[0] ? w->err : "no error";
+}
+
+void dg_work_free(dg_work *w) {
+  if (!w) return;
+  while (dg_work_wait(w, 0) == DG_EAGAIN) {
+  }
+  dg__free(w);
+}
+
+int dg_pg_allreduce_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op) {
+  dg_work *w = NULL;
+  int rc = dg_pg_allreduce(pg, buf, count, dt, op, &w);
+  if (rc == DG_OK) rc = dg_work_wait(w, 0);
+  dg_work_free(w);
+  return rc;
+}
+
+int dg_pg_barrier_sync(dg_pg *pg) {
+  dg_work *w = NULL;
+  int rc = dg_pg_barrier(pg, &w);
+  if (rc == DG_OK) rc = dg_work_wait(w, 0);
+  dg_work_free(w);
+  return rc;
+}

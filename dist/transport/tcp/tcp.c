@@ -1,0 +1,510 @@
+/* TCP transport: Gloo's unbound-buffer protocol (48-byte headers, NOTIFY
+ * then SEND, FIFO per (pair, slot)) on non-blocking sockets, driven by one
+ * epoll progress thread. Posting threads write directly when a pair's queue
+ * is empty; the progress thread finishes partial writes and does all reads,
+ * straight into the posted buffers. One mutex guards the whole transport;
+ * a malformed frame, a reset, or an abort fails it (sticky) and closes every
+ * socket so that peers notice at once. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/transport/net_impl.h"
+#include "dist/transport/tcp/tcp_impl.h"
+#include "tensor/common_impl.h"
+
+#define X(x) ((dg_tcp_xport *)(x))
+/* Bytes read from one socket before the lock is let go once. */
+#define READ_BUDGET (4u << 20)
+
+static void complete(dg_tcp_xport *x, dg_xop *op, int status) {
+  __atomic_store_n(&op->status, status, __ATOMIC_RELEASE);
+  (void)x;
+}
+
+static void fail_list(dg_tcp_xport *x, dg_xop *op, int code) {
+  while (op) {
+    dg_xop *n = op->next;
+    complete(x, op, code);
+    op = n;
+  }
+}
+
+/* Fails every op of a pair and closes its socket. */
+static void close_pair(dg_tcp_xport *x, dg_tcp_pair *p, int code) {
+  fail_list(x, p->recvs, code);
+  fail_list(x, p->sends, code);
+  p->recvs = p->recvs_tail = p->sends = p->sends_tail = NULL;
+  p->rop = NULL;
+  while (p->out) {
+    dg_tcp_msg *m = p->out;
+    p->out = m->next;
+    if (m->op) complete(x, m->op, code);
+    dg__free(m);
+  }
+  p->out_tail = NULL;
+  p->nrr = 0;
+  if (p->fd >= 0) {
+    epoll_ctl(x->ep, EPOLL_CTL_DEL, p->fd, NULL);
+    shutdown(p->fd, SHUT_RDWR);
+    close(p->fd);
+    p->fd = -1;
+  }
+  if (p->state == DG_PAIR_OK) p->state = DG_PAIR_CLOSED;
+}
+
+/* Sticky failure of the whole transport (lock held). */
+static void xfail(dg_tcp_xport *x, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void xfail(dg_tcp_xport *x, int code, const char *fmt, ...) {
+  if (x->err) return;
+  va_list ap;
+  va_start(ap, fmt);
+  dg__vfmt(x->errmsg, sizeof x->errmsg, fmt, ap);
+  va_end(ap);
+  x->err = code;
+  DG_LOGD("tcp transport rank %d: %s", x->base.rank, x->errmsg);
+  for (int i = 0; i < x->base.size; i++)
+    if (i != x->base.rank) close_pair(x, &x->pairs[i], code);
+  pthread_cond_broadcast(&x->cv);
+}
+
+static void set_epout(dg_tcp_xport *x, dg_tcp_pair *p, int on) {
+  if (p->epout == on || p->fd < 0) return;
+  struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0),
+                           .data.u32 = (uint32_t)p->peer};
+  epoll_ctl(x->ep, EPOLL_CTL_MOD, p->fd, &ev);
+  p->epout = on;
+}
+
+/* Writes as much of the queue as the socket takes (lock held). */
+static void flush(dg_tcp_xport *x, dg_tcp_pair *p) {
+  while (p->out && p->fd >= 0) {
+    struct iovec iov[32];
+    int n = 0;
+    for (dg_tcp_msg *m = p->out; m && n < 31; m = m->next) {
+      size_t off = m->off;
+      if (off < DG_TCP_HDR)
+        iov[n++] = (struct iovec){(char *)&m->h + off, DG_TCP_HDR - off};
+      size_t poff = off > DG_TCP_HDR ? off - DG_TCP_HDR : 0;
+      if (m->plen > poff) iov[n++] = (struct iovec){(void *)(m->payload + poff), m->plen - poff};
+    }
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = sendmsg(p->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (w < 0) {
+      xfail(x, DG_EPEER, "rank %d (%s): send failed: %s", p->peer, p->addr, strerror(errno));
+      return;
+    }
+    size_t left = (size_t)w;
+    while (p->out && left > 0) {
+      dg_tcp_msg *m = p->out;
+      size_t need = DG_TCP_HDR + m->plen - m->off;
+      if (left < need) {
+        m->off += left;
+        break;
+      }
+      left -= need;
+      p->out = m->next;
+      if (!p->out) p->out_tail = NULL;
+      if (m->op) {
+        complete(x, m->op, DG_OK);
+        pthread_cond_broadcast(&x->cv);
+      }
+      dg__free(m);
+    }
+  }
+  set_epout(x, p, p->out != NULL);
+}
+
+static int queue_msg(dg_tcp_xport *x, dg_tcp_pair *p, uint64_t opcode, uint64_t slot,
+                     uint64_t length, const void *payload, size_t plen, dg_xop *op) {
+  dg_tcp_msg *m = dg__malloc(sizeof *m);
+  if (!m) {
+    xfail(x, DG_ENOMEM, "out of memory queueing a message to rank %d", p->peer);
+    return DG_ENOMEM;
+  }
+  m->h = (dg_tcp_hdr){DG_TCP_HDR + plen, opcode, slot, 0, length, 0};
+  m->payload = payload;
+  m->plen = plen;
+  m->off = 0;
+  m->op = op;
+  m->next = NULL;
+  if (p->out_tail) p->out_tail->next = m;
+  else p->out = m;
+  p->out_tail = m;
+  return DG_OK;
+}
+
+/* Queues the data of a send the peer is ready for. */
+static int start_data(dg_tcp_xport *x, dg_tcp_pair *p, dg_xop *op, uint64_t announced) {
+  if (op->n > announced) {
+    xfail(x, DG_EMISMATCH,
+          "rank %d posted a receive of %llu bytes on slot 0x%llx but this rank sends %zu",
+          p->peer, (unsigned long long)announced, (unsigned long long)op->slot, op->n);
+    return DG_EMISMATCH;
+  }
+  return queue_msg(x, p, DG_TCP_SEND_UNBOUND, op->slot, op->n, op->buf, op->n, op);
+}
+
+static int post_check(dg_tcp_xport *x, dg_xop *op, dg_tcp_pair **pp) {
+  if (op->peer < 0 || op->peer >= x->base.size || op->peer == x->base.rank) return DG_EINVAL;
+  if (x->err) {
+    op->status = x->err;
+    return x->err;
+  }
+  *pp = &x->pairs[op->peer];
+  if ((*pp)->fd < 0) {
+    op->status = DG_EPEER;
+    return DG_EPEER;
+  }
+  op->status = DG_XOP_PENDING;
+  op->next = NULL;
+  op->nrecv = 0;
+  return DG_OK;
+}
+
+static int tcp_send(dg_xport *xp, dg_xop *op) {
+  dg_tcp_xport *x = X(xp);
+  dg_tcp_pair *p;
+  pthread_mutex_lock(&x->mu);
+  op->is_send = 1;
+  int rc = post_check(x, op, &p);
+  if (rc == DG_OK) rc = queue_msg(x, p, DG_TCP_NOTIFY_SEND_READY, op->slot, op->n, NULL, 0, NULL);
+  if (rc == DG_OK) {
+    size_t i = 0;
+    while (i < p->nrr && p->rr[i].slot != op->slot) i++;
+    if (i < p->nrr) {
+      uint64_t len = p->rr[i].len;
+      memmove(&p->rr[i], &p->rr[i + 1], (p->nrr - i - 1) * sizeof *p->rr);
+      p->nrr--;
+      rc = start_data(x, p, op, len);
+    } else {
+      if (p->sends_tail) p->sends_tail->next = op;
+      else p->sends = op;
+      p->sends_tail = op;
+    }
+  }
+  if (rc == DG_OK) flush(x, p);
+  if (rc == DG_OK && x->err) rc = x->err;
+  pthread_mutex_unlock(&x->mu);
+  return rc;
+}
+
+static int tcp_recv(dg_xport *xp, dg_xop *op) {
+  dg_tcp_xport *x = X(xp);
+  dg_tcp_pair *p;
+  pthread_mutex_lock(&x->mu);
+  op->is_send = 0;
+  int rc = post_check(x, op, &p);
+  if (rc == DG_OK) {
+    if (p->recvs_tail) p->recvs_tail->next = op;
+    else p->recvs = op;
+    p->recvs_tail = op;
+    rc = queue_msg(x, p, DG_TCP_NOTIFY_RECV_READY, op->slot, op->n, NULL, 0, NULL);
+  }
+  if (rc == DG_OK) flush(x, p);
+  if (rc == DG_OK && x->err) rc = x->err;
+  pthread_mutex_unlock(&x->mu);
+  return rc;
+}
+
+/* Removes the oldest op of `slot` from a FIFO list. */
+static dg_xop *take(dg_xop **head, dg_xop **tail, uint64_t slot) {
+  dg_xop *prev = NULL;
+  for (dg_xop *o = *head; o; prev = o, o = o->next) {
+    if (o->slot != slot) continue;
+    if (prev) prev->next = o->next;
+    else *head = o->next;
+    if (*tail == o) *tail = prev;
+    o->next = NULL;
+    return o;
+  }
+  return NULL;
+}
+
+static int bad_frame(dg_tcp_xport *x, dg_tcp_pair *p, const char *why) {
+  const dg_tcp_hdr *h = &p->rh;
+  xfail(x, DG_EFORMAT,
+        "rank %d (%s) sent a malformed frame (%s: nbytes %llu opcode %llu slot 0x%llx "
+        "length %llu); pair closed", p->peer, p->addr, why, (unsigned long long)h->nbytes,
+        (unsigned long long)h->opcode, (unsigned long long)h->slot,
+        (unsigned long long)h->length);
+  return -1;
+}
+
+/* A complete header arrived: match it. Returns -1 when the pair failed. */
+static int on_header(dg_tcp_xport *x, dg_tcp_pair *p) {
+  dg_tcp_hdr *h = &p->rh;
+  p->rh_got = 0;
+  if (h->opcode == DG_TCP_NOTIFY_SEND_READY || h->opcode == DG_TCP_NOTIFY_RECV_READY) {
+    if (h->nbytes != DG_TCP_HDR || h->offset || h->roffset)
+      return bad_frame(x, p, "bad notification");
+    if (h->opcode == DG_TCP_NOTIFY_SEND_READY) return 0; /* only recv-from-any uses it */
+    dg_xop *s = take(&p->sends, &p->sends_tail, h->slot);
+    if (s) return start_data(x, p, s, h->length) == DG_OK ? 0 : -1;
+    if (p->nrr == p->caprr) {
+      size_t nc = p->caprr ? p->caprr * 2 : 8;
+      dg_tcp_rr *n = dg__realloc(p->rr, nc * sizeof *n);
+      if (!n) return bad_frame(x, p, "out of memory");
+      p->rr = n;
+      p->caprr = nc;
+    }
+    p->rr[p->nrr++] = (dg_tcp_rr){h->slot, h->length};
+    return 0;
+  }
+  if (h->opcode == DG_TCP_SEND_UNBOUND) {
+    if (h->nbytes != DG_TCP_HDR + h->length || h->offset || h->roffset)
+      return bad_frame(x, p, "bad data header");
+    dg_xop *r = take(&p->recvs, &p->recvs_tail, h->slot);
+    if (!r) return bad_frame(x, p, "data nobody asked for");
+    if (h->length > r->n) {
+      complete(x, r, DG_EFORMAT);
+      return bad_frame(x, p, "longer than the posted receive");
+    }
+    r->nrecv = h->length;
+    p->rop = r;
+    p->rgot = 0;
+    if (h->length == 0) {
+      p->rop = NULL;
+      complete(x, r, DG_OK);
+      pthread_cond_broadcast(&x->cv);
+    }
+    return 0;
+  }
+  if (h->opcode == DG_TCP_BYE && x->base.all_dgrad && h->nbytes == DG_TCP_HDR) {
+    p->state = DG_PAIR_BYE;
+    return 0;
+  }
+  return bad_frame(x, p, "unknown opcode");
+}
+
+static void on_eof(dg_tcp_xport *x, dg_tcp_pair *p, int err) {
+  int busy = p->recvs || p->sends || p->out || p->rop || p->rh_got;
+  const char *why = err ? strerror(err) : "connection closed";
+  if (p->state == DG_PAIR_BYE || (!busy && !x->base.all_dgrad)) {
+    /* A peer that left cleanly: only ops that need it fail from now on. */
+    DG_LOGD("tcp transport rank %d: rank %d left (%s)", x->base.rank, p->peer, why);
+    close_pair(x, p, DG_EPEER);
+    return;
+  }
+  xfail(x, DG_EPEER, "rank %d (%s): %s (process exited or was killed?)", p->peer, p->addr,
+        why);
+}
+
+/* Reads what the socket has, up to a budget (lock held). */
+static void do_read(dg_tcp_xport *x, dg_tcp_pair *p) {
+  size_t budget = READ_BUDGET;
+  while (p->fd >= 0 && !x->err && budget > 0) {
+    void *dst;
+    size_t want;
+    if (p->rop) {
+      dst = (char *)p->rop->buf + p->rgot;
+      want = p->rop->nrecv - p->rgot;
+    } else {
+      dst = (char *)&p->rh + p->rh_got;
+      want = DG_TCP_HDR - p->rh_got;
+    }
+    if (want > budget) want = budget;
+    ssize_t r = recv(p->fd, dst, want, MSG_DONTWAIT);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (r <= 0) {
+      on_eof(x, p, r < 0 ? errno : 0);
+      return;
+    }
+    budget -= (size_t)r;
+    if (p->rop) {
+      p->rgot += (size_t)r;
+      if (p->rgot == p->rop->nrecv) {
+        complete(x, p->rop, DG_OK);
+        p->rop = NULL;
+        pthread_cond_broadcast(&x->cv);
+      }
+    } else if ((p->rh_got += (size_t)r) == DG_TCP_HDR) {
+      if (on_header(x, p) < 0) return;
+      flush(x, p); /* a RECV_READY may have released data */
+    }
+  }
+}
+
+static void *progress_main(void *arg) {
+  dg_tcp_xport *x = arg;
+  struct epoll_event ev[64];
+  for (;;) {
+    int n = epoll_wait(x->ep, ev, 64, -1);
+    if (n < 0 && errno != EINTR) break;
+    pthread_mutex_lock(&x->mu);
+    int stop = x->stop;
+    for (int i = 0; i < n && !stop; i++) {
+      uint32_t id = ev[i].data.u32;
+      if (id == UINT32_MAX) {
+        uint64_t v;
+        ssize_t rr = read(x->evfd, &v, 8);
+        (void)rr;
+        continue;
+      }
+      dg_tcp_pair *p = &x->pairs[id];
+      if (p->fd < 0) continue;
+      if (ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) do_read(x, p);
+      if ((ev[i].events & EPOLLOUT) && p->fd >= 0) flush(x, p);
+    }
+    stop = x->stop;
+    pthread_mutex_unlock(&x->mu);
+    if (stop) break;
+  }
+  return NULL;
+}
+
+static int tcp_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
+  dg_tcp_xport *x = X(xp);
+  /* Spin briefly: a reply on loopback often lands within microseconds, and a
+   * condition-variable sleep costs a wake-up on this kind of VM. */
+  int64_t spin_end = dg__now_ns() + 20000;
+  while (__atomic_load_n(&op->status, __ATOMIC_ACQUIRE) == DG_XOP_PENDING &&
+         dg__now_ns() < spin_end) {
+  }
+  pthread_mutex_lock(&x->mu);
+  while (op->status == DG_XOP_PENDING) {
+    int64_t left = deadline_ms - dg__now_ms();
+    if (left <= 0) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t step = left > 200 ? 200 : left;
+    int64_t ns = ts.tv_nsec + step * 1000000;
+    ts.tv_sec += ns / 1000000000;
+    ts.tv_nsec = ns % 1000000000;
+    pthread_cond_timedwait(&x->cv, &x->mu, &ts);
+  }
+  int st = op->status;
+  pthread_mutex_unlock(&x->mu);
+  return st == DG_XOP_PENDING ? DG_ETIMEDOUT : st;
+}
+
+static void tcp_abort(dg_xport *xp, int code, const char *msg) {
+  dg_tcp_xport *x = X(xp);
+  pthread_mutex_lock(&x->mu);
+  xfail(x, code, "%s", msg);
+  pthread_mutex_unlock(&x->mu);
+}
+
+static int tcp_error(dg_xport *xp, char *msg, size_t cap) {
+  dg_tcp_xport *x = X(xp);
+  pthread_mutex_lock(&x->mu);
+  int e = x->err;
+  if (msg && cap) snprintf(msg, cap, "%s", e ? x->errmsg : "no error");
+  pthread_mutex_unlock(&x->mu);
+  return e;
+}
+
+/* Says goodbye (dgrad-only groups), drains queues for up to a second. */
+static void say_bye(dg_tcp_xport *x) {
+  pthread_mutex_lock(&x->mu);
+  for (int i = 0; i < x->base.size && x->base.all_dgrad && !x->err; i++) {
+    dg_tcp_pair *p = &x->pairs[i];
+    if (i == x->base.rank || p->fd < 0) continue;
+    if (queue_msg(x, p, DG_TCP_BYE, 0, 0, NULL, 0, NULL) == DG_OK) flush(x, p);
+  }
+  int64_t dl = dg__now_ms() + 1000;
+  for (;;) {
+    int busy = 0;
+    for (int i = 0; i < x->base.size; i++)
+      if (i != x->base.rank && x->pairs[i].out && x->pairs[i].fd >= 0) busy = 1;
+    if (!busy || x->err || dg__now_ms() >= dl || !x->thr_started) break;
+    pthread_mutex_unlock(&x->mu);
+    usleep(1000);
+    pthread_mutex_lock(&x->mu);
+  }
+  pthread_mutex_unlock(&x->mu);
+}
+
+static void tcp_destroy(dg_xport *xp) {
+  dg_tcp_xport *x = X(xp);
+  if (!x) return;
+  if (x->pairs) say_bye(x);
+  if (x->thr_started) {
+    pthread_mutex_lock(&x->mu);
+    x->stop = 1;
+    pthread_mutex_unlock(&x->mu);
+    uint64_t one = 1;
+    ssize_t w = write(x->evfd, &one, 8);
+    (void)w;
+    pthread_join(x->thr, NULL);
+  }
+  for (int i = 0; x->pairs && i < x->base.size; i++) {
+    if (i == x->base.rank) continue;
+    close_pair(x, &x->pairs[i], DG_ECLOSED);
+    dg__free(x->pairs[i].rr);
+  }
+  dg__free(x->pairs);
+  if (x->ep >= 0) close(x->ep);
+  if (x->evfd >= 0) close(x->evfd);
+  pthread_cond_destroy(&x->cv);
+  pthread_mutex_destroy(&x->mu);
+  dg__free(x);
+}
+
+static const dg_xport_vt tcp_vt = {.name = "tcp", .send = tcp_send, .recv = tcp_recv,
+                                   .wait = tcp_wait, .abort = tcp_abort, .error = tcp_error,
+                                   .destroy = tcp_destroy};
+
+static int start_loop(dg_tcp_xport *x) {
+  x->ep = epoll_create1(EPOLL_CLOEXEC);
+  x->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (x->ep < 0 || x->evfd < 0) return DG_ESYS;
+  struct epoll_event ev = {.events = EPOLLIN, .data.u32 = UINT32_MAX};
+  if (epoll_ctl(x->ep, EPOLL_CTL_ADD, x->evfd, &ev) < 0) return DG_ESYS;
+  for (int i = 0; i < x->base.size; i++) {
+    dg_tcp_pair *p = &x->pairs[i];
+    if (i == x->base.rank) continue;
+    dg__set_nonblock(p->fd, 1);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.u32 = (uint32_t)i};
+    if (epoll_ctl(x->ep, EPOLL_CTL_ADD, p->fd, &ev) < 0) return DG_ESYS;
+  }
+  if (pthread_create(&x->thr, NULL, progress_main, x) != 0) return DG_ESYS;
+  x->thr_started = 1;
+  return DG_OK;
+}
+
+int dg__tcp_xport_new(dg_xport **out, const dg_xport_opts *o, char *err, size_t cap) {
+  if (!out || !o || !o->store || !o->bind_addr || o->size < 1 || o->rank < 0 ||
+      o->rank >= o->size)
+    return DG_EINVAL;
+  *out = NULL;
+  dg_tcp_xport *x = dg__calloc(1, sizeof *x);
+  if (!x) return DG_ENOMEM;
+  x->base.vt = &tcp_vt;
+  x->base.rank = o->rank;
+  x->base.size = o->size;
+  x->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 300000;
+  x->ep = x->evfd = -1;
+  pthread_mutex_init(&x->mu, NULL);
+  pthread_cond_init(&x->cv, NULL);
+  x->pairs = dg__calloc((size_t)o->size, sizeof *x->pairs);
+  if (!x->pairs) {
+    tcp_destroy(&x->base);
+    return DG_ENOMEM;
+  }
+  for (int i = 0; i < o->size; i++) {
+    x->pairs[i].peer = i;
+    x->pairs[i].fd = -1;
+  }
+  dg_xport_opts oo = *o;
+  oo.timeout_ms = x->timeout_ms;
+  int rc = dg__tcp_rendezvous(x, &oo, err, cap);
+  if (rc == DG_OK && (rc = start_loop(x)) != DG_OK) snprintf(err, cap, "epoll setup failed");
+  if (rc != DG_OK) {
+    x->base.all_dgrad = 0; /* no goodbyes on a failed init */
+    tcp_destroy(&x->base);
+    return rc;
+  }
+  *out = &x->base;
+  return DG_OK;
+}

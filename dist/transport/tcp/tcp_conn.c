@@ -1,0 +1,234 @@
+/* Gloo 2022 connectFullMesh over a store: hostnames under "rank_<r>", one
+ * listener per pair, the 136-byte address blobs of all peers under "<r>",
+ * and Gloo's connect rule (compare IP bytes, then the byte-swapped ports;
+ * the greater side dials). No handshake bytes: a pair is known by its port. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dist/transport/net_impl.h"
+#include "dist/transport/tcp/tcp_impl.h"
+#include "tensor/common_impl.h"
+
+typedef struct {
+  int lfd;     /* our listener for this pair (-1 once closed) */
+  int fd;      /* connected socket, or the one being connected */
+  int dialing; /* this side connects */
+  struct sockaddr_storage self, peer;
+} conn_t;
+
+static void addr_to_blob(const struct sockaddr_storage *ss, unsigned char *blob) {
+  memset(blob, 0, DG_TCP_BLOB);
+  size_t n = ss->ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+  memcpy(blob, ss, n);
+  int64_t seq = -1; /* the 2022 protocol */
+  memcpy(blob + 128, &seq, 8);
+}
+
+static int blob_to_addr(const unsigned char *blob, struct sockaddr_storage *ss) {
+  uint16_t fam;
+  memcpy(&fam, blob, 2);
+  memset(ss, 0, sizeof *ss);
+  if (fam == AF_INET) memcpy(ss, blob, sizeof(struct sockaddr_in));
+  else if (fam == AF_INET6) memcpy(ss, blob, sizeof(struct sockaddr_in6));
+  else return -1;
+  return 0;
+}
+
+/* Gloo's rule: >0 this side dials, <0 it accepts, 0 is an error. */
+static int compare_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+  int rv;
+  uint16_t pa, pb; /* network-order fields read as host integers */
+  if (a->ss_family != b->ss_family) return a->ss_family - b->ss_family;
+  if (a->ss_family == AF_INET) {
+    const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+    rv = memcmp(&x->sin_addr, &y->sin_addr, sizeof x->sin_addr);
+    pa = x->sin_port;
+    pb = y->sin_port;
+  } else {
+    const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+    rv = memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr);
+    pa = x->sin6_port;
+    pb = y->sin6_port;
+  }
+  return rv ? rv : (int)pa - (int)pb;
+}
+
+static socklen_t ss_len(const struct sockaddr_storage *ss) {
+  return ss->ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+}
+
+/* Step 1: hostnames (Gloo computes local ranks from them; torch ranks wait
+ * for ours). */
+static int exchange_hostnames(dg_store *st, int rank, char *err, size_t cap) {
+  char host[256] = "localhost", key[32];
+  gethostname(host, sizeof host - 1);
+  snprintf(key, sizeof key, "rank_%d", rank);
+  int rc = dg_store_set(st, key, host, strlen(host));
+  for (int i = 0; rc == DG_OK && i < rank; i++) {
+    void *v = NULL;
+    size_t n;
+    snprintf(key, sizeof key, "rank_%d", i);
+    rc = dg_store_get(st, key, &v, &n, 0);
+    dg_store_value_free(v);
+  }
+  if (rc != DG_OK) snprintf(err, cap, "rendezvous: %s", dg_store_errmsg(st));
+  return rc;
+}
+
+/* Step 2: a listener per peer, all addresses published under "<rank>". */
+static int publish(dg_tcp_xport *x, const dg_xport_opts *o, conn_t *c, char *err, size_t cap) {
+  int W = o->size, r = o->rank;
+  unsigned char *blobs = dg__calloc((size_t)(W > 1 ? W - 1 : 1), DG_TCP_BLOB);
+  if (!blobs) return DG_ENOMEM;
+  int rc = DG_OK, k = 0;
+  for (int i = 0; i < W && rc == DG_OK; i++) {
+    if (i == r) continue;
+    struct sockaddr_storage ss = *o->bind_addr;
+    if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = 0;
+    else ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+    c[i].lfd = dg__listen_tcp(&ss, ss_len(&ss), 1);
+    if (c[i].lfd < 0) {
+      snprintf(err, cap, "rendezvous: cannot listen for rank %d: %s", i, strerror(-c[i].lfd));
+      rc = DG_ESYS;
+      break;
+    }
+    socklen_t l = sizeof c[i].self;
+    getsockname(c[i].lfd, (struct sockaddr *)&c[i].self, &l);
+    addr_to_blob(&c[i].self, blobs + (size_t)k++ * DG_TCP_BLOB);
+  }
+  char key[16];
+  snprintf(key, sizeof key, "%d", r);
+  if (rc == DG_OK && (rc = dg_store_set(o->store, key, blobs, (size_t)k * DG_TCP_BLOB)))
+    snprintf(err, cap, "rendezvous: %s", dg_store_errmsg(o->store));
+  dg__free(blobs);
+  (void)x;
+  return rc;
+}
+
+/* Step 3a: read peer i's blobs, pick ours, dial when the rule says so. */
+static int start_pair(const dg_xport_opts *o, int i, conn_t *c, char *err, size_t cap) {
+  char key[16];
+  void *v = NULL;
+  size_t n = 0;
+  snprintf(key, sizeof key, "%d", i);
+  int rc = dg_store_get(o->store, key, &v, &n, 0);
+  if (rc != DG_OK) {
+    snprintf(err, cap, "rendezvous: waiting for the address of rank %d: %s", i,
+             dg_store_errmsg(o->store));
+    return rc;
+  }
+  if (o->check && (rc = o->check(o->check_arg, i)) != DG_OK) {
+    dg_store_value_free(v);
+    return rc;
+  }
+  size_t idx = (size_t)(o->rank > i ? o->rank - 1 : o->rank);
+  if (n != (size_t)(o->size - 1) * DG_TCP_BLOB || blob_to_addr((unsigned char *)v + idx * DG_TCP_BLOB, &c->peer) < 0) {
+    snprintf(err, cap, "rendezvous: rank %d published %zu bytes of addresses, expected %d "
+             "(world size %d): do all ranks agree on the world size?", i, n,
+             (o->size - 1) * DG_TCP_BLOB, o->size);
+    dg_store_value_free(v);
+    return DG_EMISMATCH;
+  }
+  dg_store_value_free(v);
+  int cmp = compare_addr(&c->self, &c->peer);
+  if (cmp == 0) {
+    snprintf(err, cap, "rendezvous: rank %d has the same address as this rank", i);
+    return DG_EINVAL;
+  }
+  if (cmp < 0) return DG_OK; /* we accept */
+  close(c->lfd);
+  c->lfd = -1;
+  c->dialing = 1;
+  c->fd = socket(c->peer.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (c->fd < 0 || (connect(c->fd, (struct sockaddr *)&c->peer, ss_len(&c->peer)) < 0 &&
+                    errno != EINPROGRESS)) {
+    char a[64];
+    snprintf(err, cap, "rendezvous: connect to rank %d at %s: %s", i,
+             dg__addr_str(&c->peer, a, sizeof a), strerror(errno));
+    return DG_EPEER;
+  }
+  return DG_OK;
+}
+
+/* Step 3b: finish every dial and accept, all at once, until the deadline. */
+static int finish_pairs(const dg_xport_opts *o, conn_t *c, int64_t deadline, char *err,
+                        size_t cap) {
+  int W = o->size;
+  struct pollfd *pf = dg__calloc((size_t)W, sizeof *pf);
+  int *who = dg__calloc((size_t)W, sizeof *who);
+  int rc = pf && who ? DG_OK : DG_ENOMEM;
+  for (;;) {
+    int n = 0;
+    for (int i = 0; i < W && rc == DG_OK; i++) {
+      if (i == o->rank) continue;
+      if (c[i].dialing && c[i].fd >= 0 && c[i].dialing == 1)
+        pf[n] = (struct pollfd){.fd = c[i].fd, .events = POLLOUT}, who[n++] = i;
+      else if (!c[i].dialing && c[i].lfd >= 0)
+        pf[n] = (struct pollfd){.fd = c[i].lfd, .events = POLLIN}, who[n++] = i;
+    }
+    if (rc != DG_OK || n == 0) break;
+    int64_t left = deadline - dg__now_ms();
+    if (left <= 0) {
+      snprintf(err, cap, "rendezvous: timed out connecting to rank %d", who[0]);
+      rc = DG_ETIMEDOUT;
+      break;
+    }
+    if (poll(pf, (nfds_t)n, left > 1000 ? 1000 : (int)left) < 0 && errno != EINTR) {
+      rc = DG_ESYS;
+      break;
+    }
+    for (int k = 0; k < n && rc == DG_OK; k++) {
+      conn_t *p = &c[who[k]];
+      if (!pf[k].revents) continue;
+      if (p->dialing) {
+        int e = 0;
+        socklen_t el = sizeof e;
+        getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &e, &el);
+        if (e) {
+          snprintf(err, cap, "rendezvous: connect to rank %d: %s", who[k], strerror(e));
+          rc = DG_EPEER;
+        }
+        p->dialing = 2; /* connected */
+      } else {
+        p->fd = accept4(p->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (p->fd >= 0) {
+          close(p->lfd);
+          p->lfd = -1;
+        }
+      }
+    }
+  }
+  dg__free(pf);
+  dg__free(who);
+  return rc;
+}
+
+int dg__tcp_rendezvous(dg_tcp_xport *x, const dg_xport_opts *o, char *err, size_t cap) {
+  int W = o->size;
+  conn_t *c = dg__calloc((size_t)W, sizeof *c);
+  if (!c) return DG_ENOMEM;
+  for (int i = 0; i < W; i++) c[i].lfd = c[i].fd = -1;
+  int rc = exchange_hostnames(o->store, o->rank, err, cap);
+  if (rc == DG_OK) rc = publish(x, o, c, err, cap);
+  for (int i = 0; i < W && rc == DG_OK; i++)
+    if (i != o->rank) rc = start_pair(o, i, &c[i], err, cap);
+  if (rc == DG_OK) rc = finish_pairs(o, c, dg__deadline(0, 5 * o->timeout_ms), err, cap);
+  for (int i = 0; i < W; i++) {
+    if (c[i].lfd >= 0) close(c[i].lfd);
+    if (i == o->rank) continue;
+    if (rc == DG_OK) {
+      x->pairs[i].fd = c[i].fd;
+      dg__set_nodelay(c[i].fd);
+      dg__addr_str(&c[i].peer, x->pairs[i].addr, sizeof x->pairs[i].addr);
+    } else if (c[i].fd >= 0) {
+      close(c[i].fd);
+    }
+  }
+  dg__free(c);
+  return rc;
+}

@@ -1,0 +1,140 @@
+/* dgrad/dist.h — process groups and collectives.
+ *
+ * A process group (dg_pg) connects `world_size` ranks through a transport
+ * ("tcp": Gloo's 2022 wire protocol, so dgrad ranks can share a group with
+ * torch.distributed gloo ranks or a C++ program linking libgloo). Every
+ * collective is asynchronous: it returns a dg_work at once and runs in the
+ * group's worker thread, in the order calls were made (all ranks must call
+ * collectives in the same order, as with torch). send/recv go straight to
+ * the transport and may be in flight together with collectives.
+ *
+ * Buffers: raw memory of `count` elements of `dtype`. The caller keeps
+ * every buffer untouched and alive until the work completes.
+ *
+ * Failure: an operation that cannot finish fails with a code and a message
+ * (dg_work_errmsg, dg_pg_errmsg) naming the operation, its sequence number
+ * and the peer: DG_EPEER when a peer died or closed its connection,
+ * DG_ETIMEDOUT when a peer stayed silent past the group's timeout,
+ * DG_EFORMAT when a peer sent a malformed frame. A failure is sticky: every
+ * pending and later operation of the group fails with it. The library never
+ * aborts the process.
+ *
+ * Thread-safety: a dg_pg may be used from several threads (calls that post
+ * collectives are serialised; order between threads is the caller's
+ * business). A dg_work is used by one thread at a time. */
+#ifndef DGRAD_DIST_H
+#define DGRAD_DIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dgrad/common.h"
+#include "dgrad/store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dg_pg dg_pg;
+typedef struct dg_work dg_work;
+
+typedef enum {
+  DG_RED_SUM = 0,
+  DG_RED_AVG = 1, /* sum / world size (integer division for i32/i64) */
+  DG_RED_MIN = 2,
+  DG_RED_MAX = 3,
+  DG_RED_PROD = 4
+} dg_redop;
+
+/* Allreduce algorithms. AUTO picks Gloo's ring when any rank is not dgrad
+ * (required to interoperate), else dgrad's choice by size. */
+typedef enum {
+  DG_ALGO_AUTO = 0,
+  DG_ALGO_RING = 1,          /* Gloo's ring, message for message */
+  DG_ALGO_HALVING_DOUBLING = 2, /* recursive doubling: small messages */
+  DG_ALGO_DIRECT = 3         /* reduce-scatter + allgather, all pairs at once */
+} dg_algo;
+
+typedef struct {
+  int rank;            /* required */
+  int world_size;      /* required */
+  dg_store *store;     /* rendezvous store (not owned; must outlive the group) */
+  const char *backend; /* "tcp" (default; DG_BACKEND overrides a NULL) */
+  int timeout_ms;      /* per-operation deadline; 0: 300000 (torch's default) */
+  /* Interface: the address of `iface` (GLOO_SOCKET_IFNAME / DG_SOCKET_IFNAME
+   * when NULL), else the local address routing to `route_to`, else
+   * 127.0.0.1. */
+  const char *iface;
+  const char *route_to;
+  const char *group_name; /* store prefix as torch's first group: "default_pg"
+                             then "0"; NULL: those */
+} dg_pg_opts;
+
+/* Creates a group and connects it (blocks until every rank joined or the
+ * timeout). On failure *out is NULL; the reason is logged (DG_LOGW). Use
+ * dg_pg_new_ex to receive it instead. */
+int dg_pg_new(dg_pg **out, const dg_pg_opts *opts);
+/* Same, copying the failure detail into err (cap bytes). */
+int dg_pg_new_ex(dg_pg **out, const dg_pg_opts *opts, char *err, size_t cap);
+
+/* Creates the group from the environment, like torch's env:// init: RANK,
+ * WORLD_SIZE, MASTER_ADDR, MASTER_PORT (else SLURM_PROCID/SLURM_NTASKS, or
+ * OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE); rank 0 hosts the TCPStore.
+ * The group owns that store. timeout_ms 0: 300000. */
+int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap);
+
+/* Leaves the group: waits for queued work (bounded by the timeout), tells
+ * dgrad peers it is leaving, closes connections. NULL: no-op. */
+void dg_pg_free(dg_pg *pg);
+
+int dg_pg_rank(const dg_pg *pg);
+int dg_pg_size(const dg_pg *pg);
+/* From LOCAL_RANK / LOCAL_WORLD_SIZE (env groups); else rank / world size. */
+int dg_pg_local_rank(const dg_pg *pg);
+int dg_pg_local_size(const dg_pg *pg);
+/* 1 when every rank runs dgrad (own algorithms allowed). */
+int dg_pg_all_dgrad(const dg_pg *pg);
+/* Last failure of the group (sticky transport error, or "no error"). */
+const char *dg_pg_errmsg(const dg_pg *pg);
+/* Forces an allreduce algorithm (DG_ALGO_AUTO restores the default). Only
+ * RING is valid in a group with non-dgrad ranks. Call it on every rank. */
+int dg_pg_set_algo(dg_pg *pg, dg_algo algo);
+
+/* Collectives. `w` receives the work (free it with dg_work_free). */
+int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op,
+                    dg_work **w);
+int dg_pg_broadcast(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root, dg_work **w);
+/* out: (world_size * count) elements; rank r's `in` lands at out + r*count. */
+int dg_pg_allgather(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
+                    dg_work **w);
+/* in: (world_size * count) elements; out: (count) = reduction of block r. */
+int dg_pg_reduce_scatter(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
+                         dg_redop op, dg_work **w);
+int dg_pg_barrier(dg_pg *pg, dg_work **w);
+/* Point to point with a user tag (matched FIFO per (peer, tag)); a receive
+ * may be longer than the matching send (see dg_work_count). */
+int dg_pg_send(dg_pg *pg, const void *buf, size_t count, dg_dtype dt, int dst, uint32_t tag,
+               dg_work **w);
+int dg_pg_recv(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int src, uint32_t tag,
+               dg_work **w);
+
+/* Waits up to timeout_ms (<= 0: until the work finishes or fails at its
+ * deadline). DG_OK, the work's error, or DG_EAGAIN when this wait ran out
+ * while the work is still running (wait again or test later). */
+int dg_work_wait(dg_work *w, int timeout_ms);
+/* *done = 1 when finished; returns the work's status then (DG_OK until). */
+int dg_work_test(dg_work *w, int *done);
+/* Elements received (recv works), else count. */
+size_t dg_work_count(const dg_work *w);
+const char *dg_work_errmsg(const dg_work *w);
+/* Waits for a running work (bounded by its deadline), then frees. */
+void dg_work_free(dg_work *w);
+
+/* Convenience: post, wait, free. */
+int dg_pg_allreduce_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op);
+int dg_pg_barrier_sync(dg_pg *pg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DGRAD_DIST_H */
