@@ -1,0 +1,152 @@
+/* Batch loader: a seeded permutation per epoch, sharded across ranks, filled
+ * into fixed buffers. The permutation is a keyed Feistel network over the
+ * next power of four >= size (cycle-walking back into [0, size)), with round
+ * keys drawn from the counter-based RNG (dg_rng_uniform) at offsets built
+ * from (epoch, round, input): O(1) memory, any position computable directly,
+ * so seeking costs nothing and no per-epoch state needs saving. */
+#include <string.h>
+
+#include "data/data_impl.h"
+
+#define FEISTEL_ROUNDS 6
+#define LOADER_SEED_MIX 0x6c6f616465720000ull /* loader draws apart from init */
+
+struct dg_loader {
+  dg_dataset ds;
+  dg_loader_opts op;
+  int half_bits;       /* Feistel half width; domain 4^half_bits >= size */
+  int64_t per_rank;    /* samples per rank per epoch */
+  int64_t nbatches;
+  int64_t epoch, batch; /* position: next batch */
+  void *buf[DG_DATA_MAX_FIELDS];    /* (batch_size, numel) each */
+  size_t fbytes[DG_DATA_MAX_FIELDS]; /* bytes per sample per field */
+};
+
+static uint32_t round_fn(const dg_loader *l, int64_t epoch, int r, uint32_t x) {
+  float u;
+  uint64_t off = ((uint64_t)epoch << 27) | ((uint64_t)r << 24) | x;
+  dg_rng_uniform(l->op.seed ^ LOADER_SEED_MIX, off, &u, 1);
+  return (uint32_t)(u * 16777216.0f); /* the 24 bits of the draw */
+}
+
+static uint64_t feistel(const dg_loader *l, int64_t epoch, uint64_t x) {
+  const int h = l->half_bits;
+  const uint32_t mask = (uint32_t)((1ull << h) - 1);
+  uint32_t left = (uint32_t)(x >> h) & mask, right = (uint32_t)x & mask;
+  for (int r = 0; r < FEISTEL_ROUNDS; r++) {
+    uint32_t nl = right;
+    right = left ^ (round_fn(l, epoch, r, right) & mask);
+    left = nl;
+  }
+  return ((uint64_t)left << h) | right;
+}
+
+/* Position t of the epoch's order over the whole dataset. */
+static int64_t permute(const dg_loader *l, int64_t epoch, int64_t t) {
+  if (!l->op.shuffle) return t;
+  uint64_t x = (uint64_t)t;
+  do x = feistel(l, epoch, x);
+  while (x >= (uint64_t)l->ds.size);
+  return (int64_t)x;
+}
+
+int64_t dg_loader_sample_index(const dg_loader *l, int64_t epoch, int64_t k) {
+  if (!l || epoch < 0 || k < 0 || k >= l->per_rank) return -1;
+  int64_t t = l->op.rank + k * l->op.world_size; /* rank-strided, as DistributedSampler */
+  return permute(l, epoch, t % l->ds.size);
+}
+
+static int check_opts(const dg_dataset *ds, const dg_loader_opts *op) {
+  if (!ds || !ds->get || ds->size <= 0 || ds->nfields <= 0 ||
+      ds->nfields > DG_DATA_MAX_FIELDS || ds->size >= ((int64_t)1 << 48))
+    return DG_EINVAL;
+  if (op->batch_size <= 0 || op->world_size <= 0 || op->rank < 0 ||
+      op->rank >= op->world_size)
+    return DG_EINVAL;
+  if (op->shard_drop && ds->size < op->world_size) return DG_EINVAL;
+  for (int f = 0; f < ds->nfields; f++)
+    if (dg_dtype_size(ds->field[f].dtype) == 0) return DG_EINVAL;
+  return DG_OK;
+}
+
+int dg_loader_new(dg_loader **out, const dg_dataset *ds, const dg_loader_opts *opts) {
+  if (!out || !opts) return DG_EINVAL;
+  *out = NULL;
+  dg_loader_opts op = *opts;
+  if (op.world_size == 0) op.world_size = 1;
+  if (check_opts(ds, &op)) {
+    DG_LOGE("loader_new: invalid dataset or options (size %lld, batch %lld, rank %d of %d)",
+            ds ? (long long)ds->size : -1LL, (long long)op.batch_size, op.rank,
+            op.world_size);
+    return DG_EINVAL;
+  }
+  dg_loader *l = dg__calloc(1, sizeof *l);
+  if (!l) return DG_ENOMEM;
+  l->ds = *ds;
+  l->op = op;
+  int bits = 1;
+  while (((int64_t)1 << bits) < ds->size) bits++;
+  l->half_bits = (bits + 1) / 2;
+  int64_t W = op.world_size;
+  l->per_rank = op.shard_drop ? ds->size / W : (ds->size + W - 1) / W;
+  l->nbatches = op.drop_last ? l->per_rank / op.batch_size
+                             : (l->per_rank + op.batch_size - 1) / op.batch_size;
+  for (int f = 0; f < ds->nfields; f++) {
+    l->fbytes[f] = ds->field[f].numel * dg_dtype_size(ds->field[f].dtype);
+    l->buf[f] = dg__malloc(l->fbytes[f] * (size_t)op.batch_size + 1);
+    if (!l->buf[f]) {
+      dg_loader_free(l);
+      return DG_ENOMEM;
+    }
+  }
+  *out = l;
+  return DG_OK;
+}
+
+void dg_loader_free(dg_loader *l) {
+  if (!l) return;
+  for (int f = 0; f < DG_DATA_MAX_FIELDS; f++) dg__free(l->buf[f]);
+  dg__free(l);
+}
+
+int dg_loader_next(dg_loader *l, void *const *dst, int64_t *rows) {
+  if (rows) *rows = 0;
+  if (!l) return DG_EINVAL;
+  if (l->batch >= l->nbatches) {
+    l->epoch++;
+    l->batch = 0;
+    return DG_LOADER_END;
+  }
+  void *const *out = dst ? dst : l->buf;
+  const int64_t B = l->op.batch_size, k0 = l->batch * B;
+  const int64_t nrow = DG_MIN(B, l->per_rank - k0);
+  void *slot[DG_DATA_MAX_FIELDS];
+  for (int64_t r = 0; r < nrow; r++) {
+    for (int f = 0; f < l->ds.nfields; f++)
+      slot[f] = (char *)out[f] + (size_t)r * l->fbytes[f];
+    int rc = l->ds.get(l->ds.self, dg_loader_sample_index(l, l->epoch, k0 + r), slot);
+    if (rc) return rc;
+  }
+  l->batch++;
+  if (rows) *rows = nrow;
+  return DG_OK;
+}
+
+void *dg_loader_buffer(dg_loader *l, int f) {
+  return l && f >= 0 && f < l->ds.nfields ? l->buf[f] : NULL;
+}
+int64_t dg_loader_batches_per_epoch(const dg_loader *l) { return l ? l->nbatches : 0; }
+int64_t dg_loader_samples_per_rank(const dg_loader *l) { return l ? l->per_rank : 0; }
+
+void dg_loader_position(const dg_loader *l, int64_t *epoch, int64_t *batch) {
+  if (epoch) *epoch = l ? l->epoch : 0;
+  if (batch) *batch = l ? l->batch : 0;
+}
+
+int dg_loader_seek(dg_loader *l, int64_t epoch, int64_t batch) {
+  if (!l || epoch < 0 || epoch >= ((int64_t)1 << 37) || batch < 0 || batch > l->nbatches)
+    return DG_EINVAL;
+  l->epoch = epoch;
+  l->batch = batch;
+  return DG_OK;
+}
