@@ -232,6 +232,9 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
   if (!ctx) return DG_EINVAL;
   if (!out) return dg__set_error(ctx, DG_EINVAL, "backward: output is NULL");
   if (ctx->in_backward) return dg__set_error(ctx, DG_ESTATE, "backward: called from a hook");
+  /* an earlier op error the caller moved past must not fail this backward:
+   * backward reports only its own errors */
+  if (out) dg_clear_error(ctx);
   if (!dg__wants_grad(out))
     return dg__set_error(ctx, DG_EINVAL,
                          "backward: the output does not require grad (no parameter or "

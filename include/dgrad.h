@@ -7,6 +7,7 @@
 #include "dgrad/tensor.h"
 #include "dgrad/autograd.h"
 #include "dgrad/ops.h"
+#include "dgrad/nn.h"
 #include "dgrad/optim.h"
 #include "dgrad/data.h"
 

@@ -1,0 +1,123 @@
+/* Multi-head causal self-attention and the pre-LN GPT transformer block.
+ * Parameter names follow GPT-2 (attn.c_attn, attn.c_proj, mlp.c_fc, ...). */
+#include <math.h>
+
+#include "nn/nn_impl.h"
+
+typedef struct {
+  dg_module base; /* children: c_attn (C -> 3C), c_proj (C -> C), [drop] */
+  int64_t dim;
+  int heads;
+  float dropout;
+} attn_m;
+
+/* (B, T, C) -> (B*H, T, hd): split heads and bring them forward. */
+static dg_tensor *to_heads(dg_ctx *ctx, dg_tensor *x, int64_t B, int64_t T, int H, int64_t hd) {
+  int64_t s4[4] = {B, T, H, hd}, s3[3] = {B * H, T, hd};
+  int perm[4] = {0, 2, 1, 3};
+  dg_tensor *p = dg_permute(ctx, dg_reshape(ctx, x, 4, s4), perm); /* (B, H, T, hd) */
+  return dg_reshape(ctx, dg_contiguous(ctx, p), 3, s3);
+}
+
+static dg_tensor *attn_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
+  attn_m *a = (attn_m *)m;
+  if (!x) return NULL;
+  if (x->ndim != 3 || x->shape[2] != a->dim) {
+    char b[96];
+    dg__set_error(ctx, DG_ESHAPE, "CausalSelfAttention(%lld): input %s, want (B, T, %lld)",
+                  (long long)a->dim, dg__shape_str(x, b, sizeof b), (long long)a->dim);
+    return NULL;
+  }
+  int64_t B = x->shape[0], T = x->shape[1], C = a->dim, H = a->heads, hd = C / H;
+  dg_tensor *qkv = dg_module_forward(m->children[0], ctx, x); /* (B, T, 3C) */
+  dg_tensor *parts[3] = {NULL, NULL, NULL};
+  int64_t sizes[3] = {C, C, C};
+  if (!qkv || dg_split(ctx, qkv, 2, 3, sizes, parts)) return NULL;
+  dg_tensor *q = to_heads(ctx, parts[0], B, T, (int)H, hd);
+  dg_tensor *k = to_heads(ctx, parts[1], B, T, (int)H, hd);
+  dg_tensor *v = to_heads(ctx, parts[2], B, T, (int)H, hd);
+  dg_tensor *att = dg_scale(ctx, dg_matmul_t(ctx, q, k, 0, 1), 1.0f / sqrtf((float)hd));
+  att = dg_softmax(ctx, dg_causal_mask(ctx, att)); /* (B*H, T, T) */
+  if (a->dropout > 0 && m->train) att = dg_dropout(ctx, att, a->dropout);
+  dg_tensor *y = dg_matmul(ctx, att, v); /* (B*H, T, hd) */
+  int64_t s4[4] = {B, H, T, hd}, s3[3] = {B, T, C};
+  int perm[4] = {0, 2, 1, 3};
+  y = dg_permute(ctx, dg_reshape(ctx, y, 4, s4), perm); /* (B, T, H, hd) */
+  y = dg_reshape(ctx, dg_contiguous(ctx, y), 3, s3);
+  y = dg_module_forward(m->children[1], ctx, y);
+  if (a->dropout > 0 && m->train) y = dg_dropout(ctx, y, a->dropout);
+  return y;
+}
+
+static const dg_module_vtable attn_vt = {"CausalSelfAttention", attn_fwd, dg__children_bind,
+                                         dg__children_free};
+
+/* rc is the constructor's result; *c is read after it ran (argument
+ * evaluation order is unspecified, so the child is passed by address). */
+static int push_new(dg_module *m, int rc, dg_module **c, const char *name) {
+  if (rc) return rc;
+  rc = dg__child_push(m, *c, name);
+  if (rc) dg_module_free(*c);
+  return rc;
+}
+
+int dg_nn_causal_attention(dg_module **out, int64_t dim, int heads, float dropout) {
+  if (!out) return DG_EINVAL;
+  *out = NULL;
+  if (dim <= 0 || heads <= 0 || dim % heads || !(dropout >= 0 && dropout < 1)) return DG_EINVAL;
+  attn_m *a = (attn_m *)dg__module_alloc(sizeof *a, &attn_vt);
+  if (!a) return DG_ENOMEM;
+  a->dim = dim, a->heads = heads, a->dropout = dropout;
+  dg_module *c = NULL;
+  int rc = push_new(&a->base, dg_nn_linear(&c, dim, 3 * dim, 1), &c, "c_attn");
+  rc = rc ? rc : push_new(&a->base, dg_nn_linear(&c, dim, dim, 1), &c, "c_proj");
+  if (rc) {
+    dg_module_free(&a->base);
+    return rc;
+  }
+  *out = &a->base;
+  return DG_OK;
+}
+
+/* ---- transformer block: children ln_1, attn, ln_2, mlp.c_fc, mlp.c_proj ---- */
+
+typedef struct {
+  dg_module base;
+  float dropout;
+} block_m;
+
+static dg_tensor *block_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
+  block_m *b = (block_m *)m;
+  dg_module **c = m->children;
+  dg_tensor *h = dg_module_forward(c[1], ctx, dg_module_forward(c[0], ctx, x));
+  x = dg_add(ctx, x, h);
+  h = dg_module_forward(c[2], ctx, x);
+  h = dg_gelu(ctx, dg_module_forward(c[3], ctx, h));
+  h = dg_module_forward(c[4], ctx, h);
+  if (b->dropout > 0 && m->train) h = dg_dropout(ctx, h, b->dropout);
+  return dg_add(ctx, x, h);
+}
+
+static const dg_module_vtable block_vt = {"TransformerBlock", block_fwd, dg__children_bind,
+                                          dg__children_free};
+
+int dg_nn_transformer_block(dg_module **out, int64_t dim, int heads, float dropout) {
+  if (!out) return DG_EINVAL;
+  *out = NULL;
+  if (dim <= 0 || heads <= 0 || dim % heads || !(dropout >= 0 && dropout < 1)) return DG_EINVAL;
+  block_m *b = (block_m *)dg__module_alloc(sizeof *b, &block_vt);
+  if (!b) return DG_ENOMEM;
+  b->dropout = dropout;
+  dg_module *c = NULL, *m = &b->base;
+  int rc = push_new(m, dg_nn_layernorm(&c, dim, 1e-5f), &c, "ln_1");
+  rc = rc ? rc : push_new(m, dg_nn_causal_attention(&c, dim, heads, dropout), &c, "attn");
+  rc = rc ? rc : push_new(m, dg_nn_layernorm(&c, dim, 1e-5f), &c, "ln_2");
+  rc = rc ? rc : push_new(m, dg_nn_linear(&c, dim, 4 * dim, 1), &c, "mlp.c_fc");
+  rc = rc ? rc : push_new(m, dg_nn_linear(&c, 4 * dim, dim, 1), &c, "mlp.c_proj");
+  if (rc) {
+    dg_module_free(m);
+    return rc;
+  }
+  *out = m;
+  return DG_OK;
+}

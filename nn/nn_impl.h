@@ -1,0 +1,27 @@
+/* Shared internals of the built-in modules. Not API. */
+#ifndef DG_NN_IMPL_H
+#define DG_NN_IMPL_H
+
+#include "dgrad/nn.h"
+#include "dgrad/ops.h"
+#include "tensor/tensor_impl.h"
+
+/* "<prefix>.<name>" (or "<name>" when prefix is empty) into buf. */
+const char *dg__join(char *buf, size_t cap, const char *prefix, const char *name);
+/* Per-parameter seed from the model seed and the parameter's full name, so
+ * initial values do not depend on registration order or on how a model was
+ * split before binding. */
+uint64_t dg__param_seed(uint64_t seed, const char *name);
+/* Registers "<prefix>.<name>" with the given shape. */
+int dg__bind_param(dg_params *ps, const char *prefix, const char *name, int ndim,
+                   const int64_t *shape, dg_tensor **out);
+/* Allocates a zeroed module struct of `size` bytes with vtable vt. */
+dg_module *dg__module_alloc(size_t size, const dg_module_vtable *vt);
+
+/* Containers: append a named child (ownership moves), bind all children
+ * under "<prefix>.<child name>", free all children. */
+int dg__child_push(dg_module *m, dg_module *c, const char *name);
+int dg__children_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t seed);
+void dg__children_free(dg_module *m);
+
+#endif
