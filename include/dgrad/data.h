@@ -162,7 +162,8 @@ size_t dg_text_decode(const dg_text *t, const int64_t *ids, size_t n, char *out,
 /* Next-character windows over a split: sample i starts at i * stride and has
  * fields 0: x i64 (context) = tokens[s .. s+context), 1: y i64 (context) =
  * tokens[s+1 .. s+context+1). stride 0 means 1. DG_EINVAL when the split holds
- * fewer than context + 1 tokens. */
+ * fewer than context + 1 tokens. The descriptor borrows t; each split has one
+ * window setting at a time (a later call for the same split replaces it). */
 int dg_text_dataset(dg_text *t, int split, int context, int64_t stride, dg_dataset *out);
 
 /* ---- loader: seeded shuffling, batching, sharding, resumable ---- */

@@ -112,7 +112,10 @@ int dg_optim_lars_new(dg_optim **out, dg_params *ps, const dg_lars_opts *opts);
 void dg_optim_free(dg_optim *o);
 
 /* One update from the current gradients; increments the step count first
- * (so the first step uses t = 1). No heap allocation. */
+ * (so the first step uses t = 1). No heap allocation. The step count is one
+ * per optimizer, not per parameter as in torch: a parameter unfrozen after
+ * some steps gets the global t in its bias corrections, and SGD's "first
+ * step" (momentum buffer = d) is step 1 of the optimizer. */
 int dg_optim_step(dg_optim *o);
 
 /* "sgd", "adamw", "lamb", "lars". */

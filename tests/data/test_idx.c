@@ -182,6 +182,11 @@ static void test_gzip(void) {
   write_bytes("gzc/train-images-idx3-ubyte.gz", bad, n);
   write_bytes("gzc/train-labels-idx1-ubyte.gz", gl, nl);
   expect_fail("gzc", DG_EFORMAT, "gzc/train-images-idx3-ubyte.gz", "gzip");
+  /* intact deflate data, wrong CRC in the gzip trailer */
+  memcpy(bad, gz, n);
+  bad[n - 6] ^= 0xff;
+  write_bytes("gzc/train-images-idx3-ubyte.gz", bad, n);
+  expect_fail("gzc", DG_EFORMAT, "gzc/train-images-idx3-ubyte.gz", "corrupt gzip");
   /* truncated gzip stream */
   path_of(p, sizeof p, "gzt");
   mkdir(p, 0700);
