@@ -26,6 +26,7 @@ void dg_params_free(dg_params *ps) {
   dg__free(ps->first_use);
   dg__free(ps->reached);
   dg__free(ps->fired);
+  dg__free(ps->companions);
   if (ps->data) dg__dev_free(DG_CPU, ps->data, ps->total * sizeof(float));
   if (ps->grad) dg__dev_free(DG_CPU, ps->grad, ps->total * sizeof(float));
   dg__free(ps);
@@ -116,7 +117,9 @@ int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shap
   g->param_id = -1;
   t->grad = g;
   size_t off = (ps->used_total + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
-  size_t need = off + (size_t)n;
+  /* every segment is padded to PARAM_ALIGN so the total does not depend on
+   * the order (dg_params_relayout) */
+  size_t need = off + ((size_t)n + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
   ps->t[id] = t;
   ps->names[id] = nm;
   ps->offset[id] = off;
@@ -193,4 +196,66 @@ void dg_params_set_trainable(dg_params *ps, int i, int on) {
 
 int dg_params_trainable(const dg_params *ps, int i) {
   return (ps && i >= 0 && i < ps->n) ? ps->trainable[i] : 0;
+}
+
+int dg_params_add_companion(dg_params *ps, float *buf) {
+  if (!ps || !buf) return DG_EINVAL;
+  float **c = dg__realloc(ps->companions, (size_t)(ps->ncompanions + 1) * sizeof *c);
+  if (!c) return DG_ENOMEM;
+  ps->companions = c;
+  c[ps->ncompanions++] = buf;
+  return DG_OK;
+}
+
+int dg_params_remove_companion(dg_params *ps, float *buf) {
+  if (!ps) return DG_EINVAL;
+  for (int i = 0; i < ps->ncompanions; i++) {
+    if (ps->companions[i] != buf) continue;
+    ps->companions[i] = ps->companions[--ps->ncompanions];
+    return DG_OK;
+  }
+  return DG_ENOTFOUND;
+}
+
+/* Copies each parameter's segment of buf from old to new offsets. */
+static void permute_buf(float *buf, float *tmp, size_t n, const dg_params *ps,
+                        const size_t *newoff) {
+  memcpy(tmp, buf, n * sizeof(float));
+  memset(buf, 0, n * sizeof(float));
+  for (int i = 0; i < ps->n; i++)
+    memcpy(buf + newoff[i], tmp + ps->offset[i], (size_t)dg__numel(ps->t[i]) * sizeof(float));
+}
+
+int dg_params_relayout(dg_params *ps, const int *order) {
+  if (!ps || !order) return DG_EINVAL;
+  uint8_t *seen = dg__calloc((size_t)ps->n + 1, 1);
+  size_t *newoff = dg__malloc(((size_t)ps->n + 1) * sizeof *newoff);
+  float *tmp = ps->used_total ? dg__malloc(ps->used_total * sizeof(float)) : NULL;
+  int rc = (!seen || !newoff || (ps->used_total && !tmp)) ? DG_ENOMEM : DG_OK;
+  size_t off = 0;
+  for (int k = 0; !rc && k < ps->n; k++) {
+    int i = order[k];
+    if (i < 0 || i >= ps->n || seen[i]++) {
+      rc = DG_EINVAL;
+      break;
+    }
+    newoff[i] = off;
+    off += ((size_t)dg__numel(ps->t[i]) + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
+  }
+  DG_ASSERT(rc || off == ps->used_total);
+  if (!rc) {
+    size_t n = ps->used_total;
+    permute_buf(ps->data, tmp, n, ps, newoff);
+    permute_buf(ps->grad, tmp, n, ps, newoff);
+    for (int c = 0; c < ps->ncompanions; c++) permute_buf(ps->companions[c], tmp, n, ps, newoff);
+    for (int i = 0; i < ps->n; i++) {
+      ps->offset[i] = newoff[i];
+      ps->t[i]->data = ps->data + newoff[i];
+      ps->t[i]->grad->data = ps->grad + newoff[i];
+    }
+  }
+  dg__free(seen);
+  dg__free(newoff);
+  dg__free(tmp);
+  return rc;
 }

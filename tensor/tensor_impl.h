@@ -125,6 +125,8 @@ struct dg_params {
   int *first_use;     /* tape index of the first node using param i, -1 */
   uint8_t *reached, *fired;
   int unreached;
+  float **companions; /* buffers laid out like data (optimizer state) */
+  int ncompanions;
 };
 
 /* ---- errors ---- */

@@ -149,6 +149,17 @@ void dg_params_zero_grad(dg_params *ps);
 void dg_params_set_trainable(dg_params *ps, int i, int on);
 int dg_params_trainable(const dg_params *ps, int i);
 
+/* Re-lays the flat buffers so parameters sit in `order` (a permutation of
+ * 0..n-1); enumeration order and names do not change, only offsets. DDP uses
+ * it to make gradient buckets contiguous in the order gradients become ready.
+ * Values, gradients and every companion buffer move with their parameter. */
+int dg_params_relayout(dg_params *ps, const int *order);
+/* Registers a buffer laid out like the flat value buffer (e.g. optimizer
+ * state, dg_params_data's n floats) so dg_params_relayout permutes it too.
+ * The buffer must stay valid until removed or the store is freed. */
+int dg_params_add_companion(dg_params *ps, float *buf);
+int dg_params_remove_companion(dg_params *ps, float *buf);
+
 /* ---- memory statistics per device (caching allocator) ---- */
 
 typedef struct {

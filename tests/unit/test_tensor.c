@@ -180,6 +180,49 @@ static void test_params(void) {
   dg_params_free(ps);
 }
 
+static void test_relayout(void) {
+  dg_params *ps = NULL;
+  REQUIRE(dg_params_new(&ps) == DG_OK);
+  int64_t s0[1] = {15}, s1[2] = {4, 5}, s2[1] = {3};
+  CHECK_OK(dg_params_add(ps, "a", 1, s0, NULL));
+  CHECK_OK(dg_params_add(ps, "b", 2, s1, NULL));
+  CHECK_OK(dg_params_add(ps, "c", 1, s2, NULL));
+  size_t n;
+  float *d = dg_params_data(ps, &n), *g = dg_params_grad(ps, &n);
+  float *comp = calloc(n, sizeof(float));
+  CHECK_OK(dg_params_add_companion(ps, comp));
+  for (int i = 0; i < 3; i++) {
+    dg_tensor *t = dg_params_get(ps, i);
+    float *v = dg_tensor_data(t), *gv = dg_tensor_data(dg_tensor_grad(t));
+    for (int64_t k = 0; k < dg_tensor_numel(t); k++) {
+      v[k] = (float)(100 * i + k);
+      gv[k] = (float)(-100 * i - k);
+      comp[dg_params_offset(ps, i) + (size_t)k] = (float)(1000 + 100 * i + k);
+    }
+  }
+  int order[3] = {2, 0, 1}, bad[3] = {0, 0, 1};
+  CHECK_EQ_INT(dg_params_relayout(ps, bad), DG_EINVAL);
+  CHECK_OK(dg_params_relayout(ps, order));
+  CHECK_EQ_INT(dg_params_offset(ps, 2), 0);
+  CHECK(dg_params_offset(ps, 0) < dg_params_offset(ps, 1));
+  size_t n2;
+  CHECK(dg_params_data(ps, &n2) == d && n2 == n);
+  CHECK(dg_params_grad(ps, &n2) == g);
+  for (int i = 0; i < 3; i++) {
+    dg_tensor *t = dg_params_get(ps, i);
+    float *v = dg_tensor_data(t), *gv = dg_tensor_data(dg_tensor_grad(t));
+    CHECK(v == d + dg_params_offset(ps, i));
+    for (int64_t k = 0; k < dg_tensor_numel(t); k++) {
+      CHECK_NEAR(v[k], 100 * i + k, 0);
+      CHECK_NEAR(gv[k], -100 * i - k, 0);
+      CHECK_NEAR(comp[dg_params_offset(ps, i) + (size_t)k], 1000 + 100 * i + k, 0);
+    }
+  }
+  CHECK_OK(dg_params_remove_companion(ps, comp));
+  free(comp);
+  dg_params_free(ps);
+}
+
 static void test_rng(void) {
   float a[1000], b[1000], c[1000];
   dg_rng_uniform(42, 0, a, 1000);
@@ -213,6 +256,7 @@ int main(void) {
   test_persistent();
   test_arena_and_views();
   test_params();
+  test_relayout();
   test_rng();
   return TEST_DONE();
 }
