@@ -176,7 +176,8 @@ typedef struct {
   uint64_t seed;
   int drop_last;     /* drop each rank's final partial batch */
   int rank;          /* this process's shard; 0 .. world_size - 1 */
-  int world_size;    /* 0 means 1 */
+  int world_size;    /* 0 means 1; every rank must pass the same seed, so
+                        all ranks shard the same per-epoch order */
   int shard_drop;    /* 0: pad every rank to ceil(size / world) samples by
                         wrapping around the epoch's order (torch
                         DistributedSampler); 1: drop the tail so every rank
