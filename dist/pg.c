@@ -105,10 +105,10 @@ static int check_peer(void *arg, int peer) {
   snprintf(mine, sizeof mine, INFO_FMT, dg_version(), cc->pg->size);
   int present = 0;
   const char *k = key;
-  if (dg_store_check(cc->pg->s_grp, &k, 1, &present) != DG_OK || !present) return DG_OK;
+  if (dg_store_check(cc->pg->k_grp, &k, 1, &present) != DG_OK || !present) return DG_OK;
   void *v = NULL;
   size_t n = 0;
-  if (dg_store_get(cc->pg->s_grp, key, &v, &n, 0) != DG_OK) return DG_OK;
+  if (dg_store_get(cc->pg->k_grp, key, &v, &n, 0) != DG_OK) return DG_OK;
   char theirs[64];
   snprintf(theirs, sizeof theirs, "%.*s", (int)DG_MIN(n, sizeof theirs - 1), (char *)v);
   dg_store_value_free(v);
@@ -157,9 +157,15 @@ static int seq_handshake(dg_pg *pg, char *err, size_t cap) {
 }
 
 static int make_stores(dg_pg *pg, dg_store *base, const char *group) {
+  if (!pg->torch_rdzv) {
+    pg->k_grp = pg->k_dev = base;
+    return DG_OK;
+  }
   int rc = dg_prefix_store_new(&pg->s_pg, base, "default_pg");
   if (rc == DG_OK) rc = dg_prefix_store_new(&pg->s_grp, pg->s_pg, group);
   if (rc == DG_OK) rc = dg_prefix_store_new(&pg->s_dev, pg->s_grp, "0");
+  pg->k_grp = pg->s_grp;
+  pg->k_dev = pg->s_dev;
   return rc;
 }
 
@@ -173,10 +179,10 @@ static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) 
   char key[48], info[64];
   snprintf(key, sizeof key, "dgrad_info/%d", pg->rank);
   snprintf(info, sizeof info, INFO_FMT, dg_version(), pg->size);
-  if ((rc = dg_store_set(pg->s_grp, key, info, strlen(info))) != DG_OK)
-    return fail(err, cap, rc, "publishing version: %s", dg_store_errmsg(pg->s_grp));
+  if ((rc = dg_store_set(pg->k_grp, key, info, strlen(info))) != DG_OK)
+    return fail(err, cap, rc, "publishing version: %s", dg_store_errmsg(pg->k_grp));
   check_ctx cc = {pg, 0, err, cap};
-  dg_xport_opts xo = {.rank = pg->rank, .size = pg->size, .store = pg->s_dev,
+  dg_xport_opts xo = {.rank = pg->rank, .size = pg->size, .store = pg->k_dev,
                       .timeout_ms = pg->timeout_ms, .bind_addr = &bind,
                       .check = check_peer, .check_arg = &cc};
   const char *be = o->backend ? o->backend : getenv("DG_BACKEND");
@@ -185,8 +191,8 @@ static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) 
   if ((rc = dg__tcp_xport_new(&pg->x, &xo, err, cap)) != DG_OK) return rc;
   pg->all_dgrad = cc.ndgrad == pg->size - 1;
   pg->x->all_dgrad = pg->all_dgrad;
-  if ((rc = store_barrier(pg, err, cap)) != DG_OK) return rc;
-  if ((rc = seq_handshake(pg, err, cap)) != DG_OK) return rc;
+  if (pg->torch_rdzv && (rc = store_barrier(pg, err, cap)) != DG_OK) return rc;
+  if (pg->torch_rdzv && (rc = seq_handshake(pg, err, cap)) != DG_OK) return rc;
   DG_LOGI("dist: rank %d of %d connected (%s)", pg->rank, pg->size,
           pg->all_dgrad ? "all ranks dgrad" : "mixed group: Gloo algorithms");
   return dg__pg_start_worker(pg);
@@ -212,11 +218,17 @@ static int new_pg(dg_pg **out, const dg_pg_opts *o, dg_store *own, char *err, si
     cap = sizeof tmp;
   }
   err[0] = 0;
-  if (!out || !o || !o->store || o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size)
+  if (!out || !o || !o->store || o->world_size < 1 || o->rank < 0 ||
+      o->rank >= o->world_size) {
+    dg_store_free(own);
     return fail(err, cap, DG_EINVAL, "dg_pg_new: need a store, 0 <= rank < world_size");
+  }
   *out = NULL;
   dg_pg *pg = dg__calloc(1, sizeof *pg);
-  if (!pg) return DG_ENOMEM;
+  if (!pg) {
+    dg_store_free(own);
+    return DG_ENOMEM;
+  }
   pthread_mutex_init(&pg->mu, NULL);
   pthread_cond_init(&pg->qcv, NULL);
   pthread_cond_init(&pg->dcv, NULL);
@@ -226,6 +238,7 @@ static int new_pg(dg_pg **out, const dg_pg_opts *o, dg_store *own, char *err, si
   pg->local_size = o->world_size;
   pg->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 300000;
   pg->own_store = own;
+  pg->torch_rdzv = o->rendezvous != DG_RDZV_GLOO;
   int rc = make_stores(pg, o->store, o->group_name ? o->group_name : "0");
   if (rc == DG_OK) rc = connect_group(pg, o, err, cap);
   if (rc != DG_OK) {

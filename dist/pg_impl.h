@@ -50,7 +50,9 @@ struct dg_pg {
   int timeout_ms, all_dgrad;
   dg_algo algo;
   dg_store *own_store;         /* created from the environment */
-  dg_store *s_pg, *s_grp, *s_dev; /* "default_pg", "<group>", "0" prefixes */
+  dg_store *s_pg, *s_grp, *s_dev; /* owned "default_pg", "<group>", "0" prefixes */
+  dg_store *k_grp, *k_dev;        /* where group / Gloo keys go (may be the base) */
+  int torch_rdzv;
   dg_xport *x;
   pthread_mutex_t mu;
   pthread_cond_t qcv, dcv; /* work queued / work done */

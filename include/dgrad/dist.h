@@ -55,6 +55,11 @@ typedef enum {
   DG_ALGO_DIRECT = 3         /* reduce-scatter + allgather, all pairs at once */
 } dg_algo;
 
+/* Rendezvous key layout: torch 1.13's init_process_group (prefixes
+ * "default_pg/<group>/0", store-based barrier, sequence number), or plain
+ * Gloo connectFullMesh keys on the store as given (a C++ libgloo peer). */
+typedef enum { DG_RDZV_TORCH = 0, DG_RDZV_GLOO = 1 } dg_rdzv;
+
 typedef struct {
   int rank;            /* required */
   int world_size;      /* required */
@@ -68,6 +73,7 @@ typedef struct {
   const char *route_to;
   const char *group_name; /* store prefix as torch's first group: "default_pg"
                              then "0"; NULL: those */
+  dg_rdzv rendezvous;
 } dg_pg_opts;
 
 /* Creates a group and connects it (blocks until every rank joined or the
