@@ -18,7 +18,8 @@ int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const ch
     o->state_name[k] = state_names[k];
     o->state[k] = dg__calloc(o->n ? o->n : 1, sizeof(float));
     o->nstate = k + 1;
-    if (!o->state[k]) {
+    /* a companion moves with its parameters when the store is re-laid out */
+    if (!o->state[k] || dg_params_add_companion(ps, o->state[k]) != DG_OK) {
       dg_optim_free(o);
       return DG_ENOMEM;
     }
@@ -29,7 +30,10 @@ int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const ch
 
 void dg_optim_free(dg_optim *o) {
   if (!o) return;
-  for (int k = 0; k < o->nstate; k++) dg__free(o->state[k]);
+  for (int k = 0; k < o->nstate; k++) {
+    if (o->state[k]) dg_params_remove_companion(o->ps, o->state[k]);
+    dg__free(o->state[k]);
+  }
   dg__free(o->excluded);
   dg__free(o);
 }
@@ -41,21 +45,28 @@ void dg__optim_param_range(const dg_optim *o, int i, size_t *lo, size_t *hi) {
 
 typedef void (*range_fn)(dg_optim *o, float *w, const float *g, size_t lo, size_t hi);
 
-/* Calls fn on maximal runs of consecutive trainable parameters (the zero
- * padding between them is harmless: zero value, zero gradient, zero state). */
+/* Calls fn on maximal runs of trainable parameters that lie next to each
+ * other in memory (separated at most by alignment padding, which is zero in
+ * value, gradient and state, so updating it changes nothing). Parameters
+ * are visited in enumeration order; after dg_params_relayout that need not
+ * be memory order, and runs are then simply shorter. */
 static void for_each_run(dg_optim *o, float *w, const float *g, range_fn fn) {
-  int start = -1;
-  for (int i = 0; i <= o->nparams; i++) {
-    int on = i < o->nparams && dg_params_trainable(o->ps, i);
-    if (on && start < 0) start = i;
-    if (!on && start >= 0) {
-      size_t lo, hi, lo2;
-      dg__optim_param_range(o, start, &lo, &lo2);
-      dg__optim_param_range(o, i - 1, &lo2, &hi);
-      fn(o, w, g, lo, hi);
-      start = -1;
+  size_t lo = 0, hi = 0;
+  int open = 0;
+  for (int i = 0; i < o->nparams; i++) {
+    if (!dg_params_trainable(o->ps, i)) continue;
+    size_t plo, phi;
+    dg__optim_param_range(o, i, &plo, &phi);
+    if (open && plo >= hi && plo - hi < 16) {
+      hi = phi;
+      continue;
     }
+    if (open) fn(o, w, g, lo, hi);
+    lo = plo;
+    hi = phi;
+    open = 1;
   }
+  if (open) fn(o, w, g, lo, hi);
 }
 
 int dg_optim_step(dg_optim *o) {

@@ -221,6 +221,24 @@ static void test_state_restore(void) {
   }
 }
 
+/* The store re-laid out (reverse order, as DDP may do) after two steps: the
+ * optimizer state moves with its parameters (companion buffers) and the
+ * trajectory is unchanged. */
+static void test_relayout(void) {
+  for (uint32_t c = 0; c < F.ncases; c++) {
+    dg_params *ps = make_store();
+    dg_optim *o = make_optim(&F.cases[c], ps);
+    run_steps(&F.cases[c], ps, o, 0, 2, -1);
+    int order[MAX_P];
+    for (uint32_t i = 0; i < F.np; i++) order[i] = (int)(F.np - 1 - i);
+    CHECK_OK(dg_params_relayout(ps, order));
+    CHECK(dg_params_offset(ps, 1) < dg_params_offset(ps, 0));
+    run_steps(&F.cases[c], ps, o, 2, F.nsteps, -1);
+    dg_optim_free(o);
+    dg_params_free(ps);
+  }
+}
+
 static void test_clip(void) {
   for (uint32_t c = 0; c < F.nclip; c++) {
     dg_params *ps = make_store();
@@ -323,6 +341,7 @@ int main(int argc, char **argv) {
   test_trajectories();
   test_frozen();
   test_state_restore();
+  test_relayout();
   test_clip();
   test_schedules();
   test_misuse();
