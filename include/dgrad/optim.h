@@ -10,8 +10,9 @@
  * Ownership. An optimizer borrows its store: the store must outlive it and
  * must not gain parameters after the optimizer is created (dg_optim_step then
  * returns DG_ESTATE). The optimizer owns its state buffers, allocated once by
- * the constructor; dg_optim_step never allocates. dg_optim_free(NULL) is a
- * no-op.
+ * the constructor and registered as companions of the store (so
+ * dg_params_relayout moves them with their parameters); dg_optim_step never
+ * allocates. dg_optim_free(NULL) is a no-op.
  *
  * Threads. An optimizer is used by one thread at a time, and nothing may run
  * backward into its store during dg_optim_step. dg_lr_at and
