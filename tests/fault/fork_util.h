@@ -1,0 +1,72 @@
+/* Ranks as forked processes for the fault tests: each child gets the torch
+ * environment (rank 0 hosts the TCPStore) and runs fn; the parent collects
+ * exit statuses with a deadline and kills stragglers. */
+#ifndef DG_TEST_FORK_UTIL_H
+#define DG_TEST_FORK_UTIL_H
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static inline int fu_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t l = sizeof a;
+  bind(fd, (struct sockaddr *)&a, sizeof a);
+  getsockname(fd, (struct sockaddr *)&a, &l);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+/* Runs fn(rank, W) in W children; status[r] gets each wait status (-1: had
+ * to be killed after `secs`). */
+static inline void fu_run(int W, int (*fn)(int, int), int secs, int *status) {
+  pid_t pid[16];
+  char ps[16], ws[16];
+  snprintf(ps, sizeof ps, "%d", fu_free_port());
+  snprintf(ws, sizeof ws, "%d", W);
+  for (int r = 0; r < W; r++) {
+    pid[r] = fork();
+    if (pid[r] == 0) {
+      char rs[16];
+      snprintf(rs, sizeof rs, "%d", r);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", ps, 1);
+      setenv("RANK", rs, 1);
+      setenv("WORLD_SIZE", ws, 1);
+      _exit(fn(r, W));
+    }
+  }
+  time_t end = time(NULL) + secs;
+  int left = W;
+  while (left > 0 && time(NULL) < end) {
+    int st;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p <= 0) {
+      usleep(10000);
+      continue;
+    }
+    for (int r = 0; r < W; r++)
+      if (pid[r] == p) status[r] = st, pid[r] = 0, left--;
+  }
+  for (int r = 0; r < W; r++)
+    if (pid[r]) {
+      kill(pid[r], SIGKILL);
+      waitpid(pid[r], NULL, 0);
+      status[r] = -1;
+    }
+}
+
+static inline double fu_ms_since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (t.tv_sec - t0->tv_sec) * 1e3 + (t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+#endif
