@@ -25,6 +25,9 @@ int posix_memalign(void **p, size_t al, size_t n) {
 }
 
 int main(void) {
+#if defined(__SANITIZE_ADDRESS__)
+  TEST_SKIP("malloc interposition conflicts with AddressSanitizer's allocator");
+#endif
   enum { B = 32 };
   static float x[B * 20];
   static int64_t y[B];
