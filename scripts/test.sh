@@ -8,7 +8,8 @@ jobs=$(nproc)
 meson setup build-test --buildtype=release --wipe >/dev/null 2>&1 ||
   meson setup build-test --buildtype=release
 ninja -C build-test
-meson test -C build-test --print-errorlogs --num-processes "$jobs"
+status=0
+meson test -C build-test --print-errorlogs --num-processes "$jobs" || status=1
 
 # Sanitizers: a debug-optimised build so the reports carry line numbers.
 meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined \
@@ -18,4 +19,8 @@ meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined
 ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C build-asan --print-errorlogs --num-processes "$jobs" \
-  --no-suite interop --timeout-multiplier 3
+  --no-suite interop --timeout-multiplier 3 || status=1
+
+python3 scripts/summary.py build-test/meson-logs/testlog.json \
+  build-asan/meson-logs/testlog.json || status=1
+exit $status
