@@ -10,5 +10,6 @@
 #include "dgrad/nn.h"
 #include "dgrad/optim.h"
 #include "dgrad/data.h"
+#include "dgrad/checkpoint.h"
 
 #endif

@@ -1,0 +1,90 @@
+/* dgrad/checkpoint.h — training checkpoints in the safetensors format.
+ *
+ * File layout (https://github.com/huggingface/safetensors):
+ *   8 bytes      N, little-endian u64: length of the JSON header
+ *   N bytes      JSON: {"<name>": {"dtype": "F32", "shape": [..],
+ *                         "data_offsets": [begin, end]}, ...,
+ *                        "__metadata__": {"<key>": "<string>", ...}}
+ *                padded with spaces to a multiple of 8
+ *   rest         raw little-endian tensor data; offsets are relative to it
+ * Tensors: every parameter under its store name ("layers.0.weight"), in
+ * registration order; then, when an optimizer is given, each of its state
+ * buffers sliced per parameter as "optim.<state>.<param name>" (e.g.
+ * "optim.exp_avg.layers.0.weight"). Metadata (all strings): "format"
+ * ("dgrad"), "dgrad_ckpt_version" ("1"), "dgrad_version", "step", and when
+ * given "rng_seed"/"rng_offset" (decimal u64), "data_epoch"/"data_batch"
+ * (loader position), "optim" (dg_optim_name), "optim_lr", "optim_step", and
+ * the caller's extra key/value pairs (hyper-parameters, model kind, ...).
+ * Any safetensors reader (Python's safetensors, or 30 lines of json + struct)
+ * reads the file.
+ *
+ * Saving is atomic: the file is written to a temporary file in the same
+ * directory, fsync'ed, renamed over `path`, and the directory is fsync'ed,
+ * so a crash or a failed write leaves the previous checkpoint intact.
+ *
+ * Loading streams tensor by tensor into the store's (and optimizer's) own
+ * buffers; it never reads the whole file into memory. Before writing any
+ * buffer it checks the header length, the JSON syntax, that every name is
+ * known and every expected tensor present, dtypes (F32), shapes, byte sizes,
+ * and that the offsets tile the data section exactly (so a truncated file is
+ * refused); a mismatch gives DG_EFORMAT / DG_ESHAPE / DG_EDTYPE /
+ * DG_ENOTFOUND / DG_EMISMATCH with a message naming the file and the tensor,
+ * e.g. "layers.3.weight: shape (10, 256) in file, (10, 128) in model". A read
+ * error during the data phase (DG_EIO) may leave buffers partly overwritten.
+ *
+ * Errors. Every function returns DG_OK or a negative DG_E* code and writes a
+ * message into err (errcap bytes, always terminated; err may be NULL).
+ *
+ * Threads. Nothing else may use the store, optimizer, ctx or loader during a
+ * save or load. Different checkpoints may be saved concurrently. */
+#ifndef DGRAD_CHECKPOINT_H
+#define DGRAD_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dgrad/common.h"
+#include "dgrad/data.h"
+#include "dgrad/optim.h"
+#include "dgrad/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a checkpoint holds. Only params is required; every other handle may
+ * be NULL (not saved / not restored). Borrowed: nothing is owned. */
+typedef struct {
+  dg_params *params;   /* parameters, by name */
+  dg_optim *optim;     /* state buffers, kind, lr and step count */
+  dg_ctx *ctx;         /* RNG (seed, offset) */
+  dg_loader *loader;   /* data position (epoch, next batch) */
+  int64_t step;        /* the caller's global step: saved; filled on load */
+  /* Extra metadata saved as given (keys must not start with "__" nor clash
+   * with the keys above). Ignored by load; read with dg_checkpoint_meta. */
+  int nextra;
+  const char *const *extra_keys;
+  const char *const *extra_vals;
+} dg_checkpoint;
+
+/* Writes `c` to `path` atomically (see above). */
+int dg_checkpoint_save(const char *path, const dg_checkpoint *c, char *err, size_t errcap);
+
+/* Restores what `c` names from `path`: parameter values; optimizer state,
+ * lr and step count when c->optim is set (the file's "optim" must equal
+ * dg_optim_name, else DG_EMISMATCH); the ctx RNG state and loader position
+ * when set (DG_ENOTFOUND when the file lacks them); c->step. Optimizer
+ * tensors in the file are ignored when c->optim is NULL (weights only);
+ * any other tensor the model lacks is refused. */
+int dg_checkpoint_load(const char *path, dg_checkpoint *c, char *err, size_t errcap);
+
+/* Reads one metadata value of the file into val (cap bytes, terminated;
+ * DG_EINVAL when it does not fit). DG_ENOTFOUND when the key is absent.
+ * Reads only the header. */
+int dg_checkpoint_meta(const char *path, const char *key, char *val, size_t cap,
+                       char *err, size_t errcap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DGRAD_CHECKPOINT_H */
