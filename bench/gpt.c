@@ -1,0 +1,224 @@
+/* Transformer training-step benchmark: the default model of
+ * examples/transformer (4 layers, 4 heads, d_model 128, context 64, vocab
+ * 114, untied head) at batch 16 on synthetic tokens.
+ *
+ * One step = zero_grad (one memset) + forward + backward + AdamW step (one
+ * loop over the flat buffers) + dg_ctx_reset. The batch is a fixed random
+ * (B, T) token array and fixed random targets. bench/gpt_torch.py does the
+ * same work in PyTorch; bench/run_gpt.sh runs both interleaved.
+ *
+ *   gpt [--batch N] [--threads T] [--steps S] [--warmup W] [--layers L]
+ *       [--dim C] [--heads H] [--context T] [--vocab V]
+ *
+ * Prints one JSON line:
+ *   {"impl":"dgrad","model":"gpt","batch":..,"threads":..,"steps":..,
+ *    "steps_per_s":..,"tokens_per_s":..,"peak_rss_mib":..,"arena_peak_mib":..,
+ *    "heap_allocs_per_step":..,"heap_frees_per_step":..,"loss":..}
+ *
+ * Heap allocations are counted by interposing malloc & co. in this binary
+ * (as bench/mlp.c), over the timed steps only. GPT_TRACE_ALLOCS=1 prints a
+ * backtrace for each. */
+#include <errno.h>
+#include <execinfo.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <dgrad.h>
+
+#include "gpt_model.h"
+
+/* ---- heap-call counting (interposition) ---- */
+
+extern void *__libc_malloc(size_t n);
+extern void *__libc_calloc(size_t n, size_t sz);
+extern void *__libc_realloc(void *p, size_t n);
+extern void *__libc_memalign(size_t align, size_t n);
+extern void __libc_free(void *p);
+
+static uint64_t g_allocs; /* malloc, calloc, realloc, aligned variants */
+static uint64_t g_frees;  /* free of a non-NULL pointer */
+/* GPT_TRACE_ALLOCS=1: print a backtrace (stderr) for every allocation made
+ * during the timed steps, to find who allocates. */
+static int g_trace;
+static __thread int g_in_trace;
+
+static void count_alloc(void) {
+  __atomic_fetch_add(&g_allocs, 1, __ATOMIC_RELAXED);
+  if (__atomic_load_n(&g_trace, __ATOMIC_RELAXED) && !g_in_trace) {
+    void *bt[16];
+    g_in_trace = 1;
+    int n = backtrace(bt, 16);
+    fprintf(stderr, "-- heap allocation during a timed step:\n");
+    backtrace_symbols_fd(bt, n, 2);
+    g_in_trace = 0;
+  }
+}
+
+void *malloc(size_t n) {
+  count_alloc();
+  return __libc_malloc(n);
+}
+
+void *calloc(size_t n, size_t sz) {
+  count_alloc();
+  return __libc_calloc(n, sz);
+}
+
+void *realloc(void *p, size_t n) {
+  count_alloc();
+  return __libc_realloc(p, n);
+}
+
+void free(void *p) {
+  if (p) __atomic_fetch_add(&g_frees, 1, __ATOMIC_RELAXED);
+  __libc_free(p);
+}
+
+void *memalign(size_t align, size_t n);
+void *memalign(size_t align, size_t n) {
+  count_alloc();
+  return __libc_memalign(align, n);
+}
+
+void *aligned_alloc(size_t align, size_t n) {
+  count_alloc();
+  return __libc_memalign(align, n);
+}
+
+int posix_memalign(void **out, size_t align, size_t n) {
+  count_alloc();
+  if (align < sizeof(void *) || (align & (align - 1))) return EINVAL;
+  void *p = __libc_memalign(align, n);
+  if (!p && n) return ENOMEM;
+  *out = p;
+  return 0;
+}
+
+static uint64_t allocs_now(void) { return __atomic_load_n(&g_allocs, __ATOMIC_RELAXED); }
+static uint64_t frees_now(void) { return __atomic_load_n(&g_frees, __ATOMIC_RELAXED); }
+
+/* ---- driver ---- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static long arg_long(int argc, char **argv, int *i) {
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "gpt: %s needs a value\n", argv[*i]);
+    exit(2);
+  }
+  char *end;
+  long v = strtol(argv[++*i], &end, 10);
+  if (*end || v < 1) {
+    fprintf(stderr, "gpt: bad value for %s: %s\n", argv[*i - 1], argv[*i]);
+    exit(2);
+  }
+  return v;
+}
+
+/* One step; returns the loss or NAN (message printed). x, y (B, T) i64. */
+static float step(dg_ctx *ctx, gpt_model *m, dg_optim *opt, int64_t *x, int64_t *y, int64_t B,
+                  int64_t T) {
+  dg_params_zero_grad(m->ps);
+  dg_tensor *loss = gpt_loss(m, ctx, x, y, B, T);
+  if (!loss || dg_backward(ctx, loss)) {
+    fprintf(stderr, "gpt: step failed: %s\n", dg_errmsg(ctx));
+    return NAN;
+  }
+  float lv = dg_tensor_item(loss);
+  int rc = dg_optim_step(opt);
+  dg_ctx_reset(ctx);
+  return rc ? NAN : lv;
+}
+
+int main(int argc, char **argv) {
+  long batch = 16, threads = 1, steps = 50, warmup = 5;
+  long layers = 4, dim = 128, heads = 4, context = 64, vocab = 114;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--layers")) layers = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--dim")) dim = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--heads")) heads = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--context")) context = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--vocab")) vocab = arg_long(argc, argv, &i);
+    else {
+      fprintf(stderr,
+              "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W] [--layers L]\n"
+              "          [--dim C] [--heads H] [--context T] [--vocab V]\n",
+              argv[0]);
+      return 2;
+    }
+  }
+  if (warmup < 2) warmup = 2; /* the arena settles after its first step */
+  dg_set_num_threads((int)threads);
+
+  gpt_config cfg = {(int)vocab, (int)layers, (int)heads, (int)dim, (int)context, 0};
+  gpt_model m;
+  dg_ctx *ctx = NULL;
+  dg_optim *opt = NULL;
+  int rc = gpt_new(&m, &cfg, 1234);
+  if (!rc) rc = dg_ctx_new(&ctx, NULL);
+  if (!rc) rc = dg_optim_adamw_new(&opt, m.ps, NULL);
+  size_t n = (size_t)batch * (size_t)context;
+  int64_t *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+  float *u = malloc(2 * n * sizeof *u);
+  if (rc || !x || !y || !u) {
+    fprintf(stderr, "gpt: setup failed: %s\n", dg_strerror(rc ? rc : DG_ENOMEM));
+    return 1;
+  }
+  dg_rng_uniform(42, 0, u, 2 * n);
+  for (size_t i = 0; i < n; i++) {
+    x[i] = (int64_t)(u[i] * (float)vocab) % vocab;
+    y[i] = (int64_t)(u[n + i] * (float)vocab) % vocab;
+  }
+  free(u);
+
+  float loss = 0;
+  for (long s = 0; s < warmup; s++) {
+    if (isnan(loss = step(ctx, &m, opt, x, y, batch, context))) return 1;
+    if (s == 0) dg_mem_empty_cache(DG_CPU); /* chunks the arena merged away */
+  }
+
+  const char *tr = getenv("GPT_TRACE_ALLOCS");
+  if (tr && *tr && *tr != '0') {
+    void *bt[2];
+    backtrace(bt, 2); /* loads libgcc now, not inside the window */
+    __atomic_store_n(&g_trace, 1, __ATOMIC_RELAXED);
+  }
+  uint64_t a0 = allocs_now(), f0 = frees_now();
+  double t0 = now_s();
+  for (long s = 0; s < steps; s++)
+    if (isnan(loss = step(ctx, &m, opt, x, y, batch, context))) return 1;
+  double dt = now_s() - t0;
+  uint64_t a1 = allocs_now(), f1 = frees_now();
+  __atomic_store_n(&g_trace, 0, __ATOMIC_RELAXED);
+
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  printf("{\"impl\":\"dgrad\",\"model\":\"gpt\",\"batch\":%ld,\"threads\":%ld,\"steps\":%ld,"
+         "\"steps_per_s\":%.3f,\"tokens_per_s\":%.0f,\"peak_rss_mib\":%.1f,"
+         "\"arena_peak_mib\":%.1f,\"heap_allocs_per_step\":%.3g,\"heap_frees_per_step\":%.3g,"
+         "\"loss\":%.5f}\n",
+         batch, threads, steps, (double)steps / dt, (double)(steps * (long)n) / dt,
+         (double)ru.ru_maxrss / 1024.0, (double)dg_ctx_arena_peak(ctx) / (1024.0 * 1024.0),
+         (double)(a1 - a0) / (double)steps, (double)(f1 - f0) / (double)steps, (double)loss);
+  fflush(stdout);
+
+  dg_optim_free(opt);
+  dg_ctx_free(ctx);
+  gpt_free(&m);
+  free(x);
+  free(y);
+  return 0;
+}

@@ -1,0 +1,97 @@
+#!/bin/bash
+# Runs the transformer-step benchmark for dgrad (bench/gpt.c) and PyTorch
+# (bench/gpt_torch.py) interleaved, and checks the ratios against issue 3's
+# targets (>= 1.6x torch on 1 thread, >= 1.8x torch's best 2-thread setting).
+#
+#   bench/run_gpt.sh [-b BUILD_DIR] [-r RUNS] [-s STEPS] [-o OUT.jsonl]
+#
+# Every round runs each setting once, alternating dgrad and torch, so a slow
+# patch of a shared machine hits both alike; the summary uses the median of the
+# rounds (RUNS >= 5 recommended). Settings (batch 16, the default model):
+#   dgrad t1, torch t1, dgrad t2, torch t2 (default OpenMP wait policy),
+#   torch t2 with OMP_WAIT_POLICY=PASSIVE.
+# torch runs under /usr/bin/python3 (Debian's python3-torch 1.13). Prints every
+# JSON line as it arrives, then medians, ratios and PASS/MISS.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+build="$root/build-gpt"
+runs=5
+steps=40
+out=""
+while getopts "b:r:s:o:" opt; do
+  case "$opt" in
+    b) build="$OPTARG" ;;
+    r) runs="$OPTARG" ;;
+    s) steps="$OPTARG" ;;
+    o) out="$OPTARG" ;;
+    *) sed -n '2,15p' "$0"; exit 2 ;;
+  esac
+done
+gpt="$build/bench/gpt"
+torch_py=/usr/bin/python3
+[ -x "$gpt" ] || { echo "run_gpt.sh: $gpt not built (ninja -C $build)" >&2; exit 1; }
+have_torch=1
+$torch_py -c 'import torch' 2>/dev/null || { echo "run_gpt.sh: no torch under $torch_py; dgrad only" >&2; have_torch=0; }
+
+lines="$(mktemp)"
+trap 'rm -f "$lines"' EXIT
+warmup=5
+unset OMP_WAIT_POLICY OPENBLAS_NUM_THREADS OMP_NUM_THREADS DG_NUM_THREADS GPT_TRACE_ALLOCS
+
+# label, then the command
+run() {
+  local label="$1"; shift
+  local j
+  if ! j="$("$@" | grep '^{' | tail -1)"; then
+    echo "run_gpt.sh: $label failed: $*" >&2
+    return 0
+  fi
+  echo "$j"
+  printf '%s\t%s\n' "$label" "$j" >>"$lines"
+}
+
+echo "# run_gpt.sh: $(date -u '+%Y-%m-%dT%H:%M:%SZ'), $(nproc) cores, runs=$runs steps=$steps" >&2
+for ((r = 1; r <= runs; r++)); do
+  run "dgrad t1" "$gpt" --threads 1 --steps "$steps" --warmup "$warmup"
+  if ((have_torch)); then
+    run "torch t1" "$torch_py" "$here/gpt_torch.py" --threads 1 --steps "$steps" --warmup "$warmup"
+  fi
+  run "dgrad t2" "$gpt" --threads 2 --steps "$steps" --warmup "$warmup"
+  if ((have_torch)); then
+    run "torch t2 omp=default" "$torch_py" "$here/gpt_torch.py" --threads 2 --steps "$steps" --warmup "$warmup"
+    run "torch t2 omp=PASSIVE" env OMP_WAIT_POLICY=PASSIVE "$torch_py" "$here/gpt_torch.py" \
+      --threads 2 --steps "$steps" --warmup "$warmup"
+  fi
+done
+[ -n "$out" ] && cut -f2 "$lines" >"$out"
+
+$torch_py - "$lines" <<'EOF'
+import json, statistics, sys
+by = {}
+for ln in open(sys.argv[1]):
+    label, j = ln.rstrip("\n").split("\t", 1)
+    by.setdefault(label, []).append(json.loads(j))
+med = {k: statistics.median(r["steps_per_s"] for r in v) for k, v in by.items()}
+rss = {k: max(r["peak_rss_mib"] for r in v) for k, v in by.items()}
+print("\nmedians (steps/s, batch 16) and peak RSS:")
+for k, v in by.items():
+    print("  %-22s %7.3f steps/s  (n=%d, min %.3f, max %.3f)  peak RSS %.1f MiB" % (
+        k, med[k], len(v), min(r["steps_per_s"] for r in v),
+        max(r["steps_per_s"] for r in v), rss[k]))
+def verdict(ok): return "PASS" if ok else "MISS"
+if "torch t1" in med and "dgrad t1" in med:
+    r1 = med["dgrad t1"] / med["torch t1"]
+    print("1 thread : dgrad / torch = %.2fx (target >= 1.6x) %s" % (r1, verdict(r1 >= 1.6)))
+t2 = [k for k in med if k.startswith("torch t2")]
+if t2 and "dgrad t2" in med:
+    best = max(t2, key=lambda k: med[k])
+    r2 = med["dgrad t2"] / med[best]
+    print("2 threads: dgrad / best torch (%s) = %.2fx (target >= 1.8x) %s" % (
+        best, r2, verdict(r2 >= 1.8)))
+if "dgrad t1" in rss:
+    print("dgrad peak RSS %.1f MiB (target < 64 MiB) %s" % (
+        max(rss[k] for k in rss if k.startswith("dgrad")),
+        verdict(max(rss[k] for k in rss if k.startswith("dgrad")) < 64)))
+EOF
