@@ -20,7 +20,7 @@ int dg__allreduce_rd(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop 
   int W = c->size, r = c->rank, p2 = 1, rc = DG_OK;
   while (p2 * 2 <= W) p2 *= 2;
   int extra = W - p2;
-  unsigned char *tmp = dg__malloc(bytes ? bytes : 1);
+  unsigned char *tmp = dg__coll_scratch(c, bytes ? bytes : 1);
   if (!tmp) return dg__coll_fail(c, DG_ENOMEM, "out of memory");
   dg_xop so, ro;
   int nr; /* rank among the p2 that do the doubling, -1 if folded out */
@@ -67,7 +67,6 @@ int dg__allreduce_rd(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop 
       if (rc == DG_OK) rc = dg__coll_wait(c, &so);
     }
   }
-  dg__free(tmp);
   return rc;
 }
 
@@ -168,7 +167,7 @@ int dg__allreduce_direct(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_re
     return dg__coll_fail(c, DG_ENOMEM, "out of memory");
   size_t moff, mn;
   block(count, W, r, &moff, &mn);
-  unsigned char *b = buf, *scratch = dg__malloc((size_t)W * mn * d.es + 1);
+  unsigned char *b = buf, *scratch = dg__coll_scratch(c, (size_t)W * mn * d.es + 1);
   int rc = scratch ? DG_OK : dg__coll_fail(c, DG_ENOMEM, "out of memory");
   if (rc == DG_OK) rc = direct_rs(&d, b, b + moff * d.es, scratch, count, dt, op, 1);
   /* Peers' reduced blocks land in place once our sends of them are out. */
@@ -186,7 +185,6 @@ int dg__allreduce_direct(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_re
   }
   if (rc == DG_OK) rc = wait_all(&d, d.ag_r, count, 0);
   if (rc == DG_OK) rc = wait_all(&d, d.ag_s, count, 1);
-  dg__free(scratch);
   dg__free(d.rs_r);
   return rc;
 }
@@ -203,12 +201,11 @@ int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_d
   size_t total = count * (size_t)c->size;
   if (direct_setup(&d, c, total, dt, 2) != DG_OK)
     return dg__coll_fail(c, DG_ENOMEM, "out of memory");
-  unsigned char *scratch = dg__malloc((size_t)c->size * count * d.es + 1);
+  unsigned char *scratch = dg__coll_scratch(c, (size_t)c->size * count * d.es + 1);
   int rc = scratch ? DG_OK : dg__coll_fail(c, DG_ENOMEM, "out of memory");
   if (rc == DG_OK) rc = direct_rs(&d, in, out, scratch, total, dt, op, 0);
   if (rc == DG_OK) rc = wait_all(&d, d.rs_s, total, 0);
   if (rc == DG_OK && op == DG_RED_AVG) dg__scale_div(out, count, dt, c->size);
-  dg__free(scratch);
   dg__free(d.rs_r);
   return rc;
 }

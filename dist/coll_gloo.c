@@ -58,11 +58,10 @@ int dg__gloo_allreduce_ring(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg
   g.K = round_up(DG_MAX((S + RING_MAX_SEGMENT - 1) / RING_MAX_SEGMENT, 2 * W), W);
   g.P = g.K / W;
   g.G = round_up((S + g.K - 1) / g.K, E);
-  unsigned char *scratch = dg__malloc(2 * g.G);
+  unsigned char *scratch = dg__coll_scratch(c, 2 * g.G);
   if (!scratch) return dg__coll_fail(c, DG_ENOMEM, "out of memory (ring scratch)");
   int rc = ring_phase(c, buf, scratch, &g, (r + 1) * g.P, (r + 2) * g.P, dt, op);
   if (rc == DG_OK) rc = ring_phase(c, buf, NULL, &g, r * g.P, (r + 1) * g.P, dt, op);
-  dg__free(scratch);
   return rc;
 }
 

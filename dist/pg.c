@@ -201,6 +201,7 @@ static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) 
 static void pg_destroy(dg_pg *pg) {
   dg__pg_stop_worker(pg);
   if (pg->x) pg->x->vt->destroy(pg->x);
+  dg__free(pg->scratch);
   dg_store_free(pg->s_dev);
   dg_store_free(pg->s_grp);
   dg_store_free(pg->s_pg);

@@ -58,6 +58,9 @@ struct dg_pg {
   pthread_cond_t qcv, dcv; /* work queued / work done */
   dg_work *qhead, *qtail;
   int stop;
+  int busy; /* a collective is running (worker or a waiting caller) */
+  void *scratch; /* grow-only, used by the running collective only */
+  size_t scratch_cap;
   pthread_t worker;
   int worker_started;
   uint32_t tag;
@@ -73,7 +76,12 @@ typedef struct {
   int rank, size;
   uint64_t slot;
   int64_t deadline;
+  int eager; /* dgrad's own algorithms: small messages skip RECV_READY */
 } dg_coll;
+
+/* Scratch for the running collective (kept between calls: no page faults
+ * on the hot path); NULL when out of memory. */
+void *dg__coll_scratch(dg_coll *c, size_t bytes);
 
 const char *dg__work_name(const dg_work *w);
 /* Post / wait with the work's deadline; on failure the work's message is

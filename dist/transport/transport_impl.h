@@ -31,6 +31,10 @@ typedef struct dg_xop {
   /* set by the transport: DG_XOP_PENDING, DG_OK or a negative code */
   int status;
   size_t nrecv; /* bytes received (recv ops) */
+  /* Eager (dgrad-only groups, collectives): the data goes out without
+   * waiting for the receiver's RECV_READY and a receive announces nothing.
+   * Both sides of a match must agree on it, and on the exact length. */
+  int eager;
   /* transport-private */
   struct dg_xop *next;
   int is_send;
@@ -44,8 +48,9 @@ typedef struct {
   int (*recv)(dg_xport *x, dg_xop *op);
   /* Waits until op completes or the absolute deadline (ms, monotonic). */
   int (*wait)(dg_xport *x, dg_xop *op, int64_t deadline_ms);
-  /* Fails the transport (sticky) with code and message. */
-  void (*abort)(dg_xport *x, int code, const char *msg);
+  /* Fails the transport (sticky) with code and message; `peer` is the rank
+   * to blame (-1: none), which dgrad peers are told about. */
+  void (*abort)(dg_xport *x, int code, int peer, const char *msg);
   /* Sticky error code (DG_OK if none) and its message. */
   int (*error)(dg_xport *x, char *msg, size_t cap);
   /* Leaves the group politely (peers see a clean close), then frees. */
@@ -55,7 +60,8 @@ typedef struct {
 struct dg_xport {
   const dg_xport_vt *vt;
   int rank, size;
-  int all_dgrad; /* every rank runs dgrad: own message types allowed */
+  int all_dgrad;    /* every rank runs dgrad: own message types allowed */
+  size_t eager_max; /* largest eager op (0: none) */
 };
 
 /* Called by a transport's rendezvous once peer i's address is published and

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -50,6 +51,15 @@ static void close_pair(dg_tcp_xport *x, dg_tcp_pair *p, int code) {
   }
   p->out_tail = NULL;
   p->nrr = 0;
+  if (p->rop_unx) p->rop_unx->next = p->unx;
+  else if (p->unx_tail) p->unx_tail->next = NULL;
+  for (dg_xop *u = p->rop_unx ? p->rop_unx : p->unx; u;) {
+    dg_xop *n = u->next;
+    dg__free(u->buf);
+    dg__free(u);
+    u = n;
+  }
+  p->unx = p->unx_tail = p->rop_unx = NULL;
   if (p->fd >= 0) {
     epoll_ctl(x->ep, EPOLL_CTL_DEL, p->fd, NULL);
     shutdown(p->fd, SHUT_RDWR);
@@ -60,15 +70,24 @@ static void close_pair(dg_tcp_xport *x, dg_tcp_pair *p, int code) {
 }
 
 /* Sticky failure of the whole transport (lock held). */
-static void xfail(dg_tcp_xport *x, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void xfail(dg_tcp_xport *x, int code, const char *fmt, ...) {
+static void xfail(dg_tcp_xport *x, int code, int blame, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void xfail(dg_tcp_xport *x, int code, int blame, const char *fmt, ...) {
   if (x->err) return;
   va_list ap;
   va_start(ap, fmt);
   dg__vfmt(x->errmsg, sizeof x->errmsg, fmt, ap);
   va_end(ap);
   x->err = code;
+  /* Tell dgrad peers whom to blame before the sockets close. Skipped on a
+   * pair with a message half written: the stream is not at a boundary. */
+  for (int i = 0; i < x->base.size && x->base.all_dgrad; i++) {
+    dg_tcp_pair *p = &x->pairs[i];
+    if (i == x->base.rank || p->fd < 0 || i == blame || (p->out && p->out->off)) continue;
+    dg_tcp_hdr h = {DG_TCP_HDR, DG_TCP_ABORT, (uint64_t)(int64_t)blame, (uint64_t)(-code), 0, 0};
+    ssize_t w = send(p->fd, &h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+  }
   DG_LOGD("tcp transport rank %d: %s", x->base.rank, x->errmsg);
   for (int i = 0; i < x->base.size; i++)
     if (i != x->base.rank) close_pair(x, &x->pairs[i], code);
@@ -100,7 +119,7 @@ static void flush(dg_tcp_xport *x, dg_tcp_pair *p) {
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (w < 0) {
-      xfail(x, DG_EPEER, "rank %d (%s): send failed: %s", p->peer, p->addr, strerror(errno));
+      xfail(x, DG_EPEER, p->peer, "rank %d (%s): send failed: %s", p->peer, p->addr, strerror(errno));
       return;
     }
     size_t left = (size_t)w;
@@ -128,7 +147,7 @@ static int queue_msg(dg_tcp_xport *x, dg_tcp_pair *p, uint64_t opcode, uint64_t 
                      uint64_t length, const void *payload, size_t plen, dg_xop *op) {
   dg_tcp_msg *m = dg__malloc(sizeof *m);
   if (!m) {
-    xfail(x, DG_ENOMEM, "out of memory queueing a message to rank %d", p->peer);
+    xfail(x, DG_ENOMEM, -1, "out of memory queueing a message to rank %d", p->peer);
     return DG_ENOMEM;
   }
   m->h = (dg_tcp_hdr){DG_TCP_HDR + plen, opcode, slot, 0, length, 0};
@@ -143,10 +162,44 @@ static int queue_msg(dg_tcp_xport *x, dg_tcp_pair *p, uint64_t opcode, uint64_t 
   return DG_OK;
 }
 
+static dg_xop *take(dg_xop **head, dg_xop **tail, uint64_t slot);
+
+/* Completes an eager receive from data that arrived before it; frees u. */
+static int fill_from(dg_tcp_xport *x, dg_tcp_pair *p, dg_xop *op, dg_xop *u) {
+  int rc = DG_OK;
+  if (u->nrecv > op->n) {
+    xfail(x, DG_EFORMAT, p->peer, "rank %d (%s) sent %zu bytes on slot 0x%llx for a receive of %zu; "
+          "pair closed", p->peer, p->addr, u->nrecv, (unsigned long long)op->slot, op->n);
+    rc = DG_EFORMAT;
+  } else {
+    if (u->nrecv) memcpy(op->buf, u->buf, u->nrecv);
+    op->nrecv = u->nrecv;
+    complete(x, op, DG_OK);
+    pthread_cond_broadcast(&x->cv);
+  }
+  dg__free(u->buf);
+  dg__free(u);
+  return rc;
+}
+
+/* An unexpected eager message is complete: hand it to a receive posted in
+ * the meantime, or keep it. */
+static void unx_done(dg_tcp_xport *x, dg_tcp_pair *p, dg_xop *u) {
+  dg_xop *r = take(&p->recvs, &p->recvs_tail, u->slot);
+  if (r) {
+    fill_from(x, p, r, u);
+    return;
+  }
+  u->next = NULL;
+  if (p->unx_tail) p->unx_tail->next = u;
+  else p->unx = u;
+  p->unx_tail = u;
+}
+
 /* Queues the data of a send the peer is ready for. */
 static int start_data(dg_tcp_xport *x, dg_tcp_pair *p, dg_xop *op, uint64_t announced) {
   if (op->n > announced) {
-    xfail(x, DG_EMISMATCH,
+    xfail(x, DG_EMISMATCH, p->peer,
           "rank %d posted a receive of %llu bytes on slot 0x%llx but this rank sends %zu",
           p->peer, (unsigned long long)announced, (unsigned long long)op->slot, op->n);
     return DG_EMISMATCH;
@@ -177,6 +230,13 @@ static int tcp_send(dg_xport *xp, dg_xop *op) {
   pthread_mutex_lock(&x->mu);
   op->is_send = 1;
   int rc = post_check(x, op, &p);
+  if (rc == DG_OK && op->eager && x->base.all_dgrad) {
+    rc = queue_msg(x, p, DG_TCP_EAGER, op->slot, op->n, op->buf, op->n, op);
+    if (rc == DG_OK) flush(x, p);
+    if (rc == DG_OK && x->err) rc = x->err;
+    pthread_mutex_unlock(&x->mu);
+    return rc;
+  }
   if (rc == DG_OK) rc = queue_msg(x, p, DG_TCP_NOTIFY_SEND_READY, op->slot, op->n, NULL, 0, NULL);
   if (rc == DG_OK) {
     size_t i = 0;
@@ -204,11 +264,14 @@ static int tcp_recv(dg_xport *xp, dg_xop *op) {
   pthread_mutex_lock(&x->mu);
   op->is_send = 0;
   int rc = post_check(x, op, &p);
-  if (rc == DG_OK) {
+  dg_xop *u = rc == DG_OK && op->eager ? take(&p->unx, &p->unx_tail, op->slot) : NULL;
+  if (u) {
+    rc = fill_from(x, p, op, u);
+  } else if (rc == DG_OK) {
     if (p->recvs_tail) p->recvs_tail->next = op;
     else p->recvs = op;
     p->recvs_tail = op;
-    rc = queue_msg(x, p, DG_TCP_NOTIFY_RECV_READY, op->slot, op->n, NULL, 0, NULL);
+    if (!op->eager) rc = queue_msg(x, p, DG_TCP_NOTIFY_RECV_READY, op->slot, op->n, NULL, 0, NULL);
   }
   if (rc == DG_OK) flush(x, p);
   if (rc == DG_OK && x->err) rc = x->err;
@@ -230,9 +293,22 @@ static dg_xop *take(dg_xop **head, dg_xop **tail, uint64_t slot) {
   return NULL;
 }
 
+/* The payload being read is complete. */
+static void rop_done(dg_tcp_xport *x, dg_tcp_pair *p) {
+  dg_xop *r = p->rop;
+  p->rop = NULL;
+  if (r == p->rop_unx) {
+    p->rop_unx = NULL;
+    unx_done(x, p, r);
+    return;
+  }
+  complete(x, r, DG_OK);
+  pthread_cond_broadcast(&x->cv);
+}
+
 static int bad_frame(dg_tcp_xport *x, dg_tcp_pair *p, const char *why) {
   const dg_tcp_hdr *h = &p->rh;
-  xfail(x, DG_EFORMAT,
+  xfail(x, DG_EFORMAT, p->peer,
         "rank %d (%s) sent a malformed frame (%s: nbytes %llu opcode %llu slot 0x%llx "
         "length %llu); pair closed", p->peer, p->addr, why, (unsigned long long)h->nbytes,
         (unsigned long long)h->opcode, (unsigned long long)h->slot,
@@ -272,12 +348,44 @@ static int on_header(dg_tcp_xport *x, dg_tcp_pair *p) {
     r->nrecv = h->length;
     p->rop = r;
     p->rgot = 0;
-    if (h->length == 0) {
-      p->rop = NULL;
-      complete(x, r, DG_OK);
-      pthread_cond_broadcast(&x->cv);
-    }
+    if (h->length == 0) rop_done(x, p);
     return 0;
+  }
+  if (h->opcode == DG_TCP_EAGER && x->base.all_dgrad) {
+    if (h->nbytes != DG_TCP_HDR + h->length || h->length > DG_TCP_EAGER_MAX)
+      return bad_frame(x, p, "bad eager header");
+    dg_xop *r = take(&p->recvs, &p->recvs_tail, h->slot);
+    if (r && h->length > r->n) {
+      complete(x, r, DG_EFORMAT);
+      return bad_frame(x, p, "longer than the posted receive");
+    }
+    if (!r) { /* keep it until its receive is posted */
+      r = dg__calloc(1, sizeof *r);
+      if (r && !(r->buf = dg__malloc(h->length ? h->length : 1))) {
+        dg__free(r);
+        r = NULL;
+      }
+      if (!r) return bad_frame(x, p, "out of memory");
+      r->slot = h->slot;
+      r->n = h->length;
+      p->rop_unx = r;
+    }
+    r->nrecv = h->length;
+    p->rop = r;
+    p->rgot = 0;
+    if (h->length == 0) rop_done(x, p);
+    return 0;
+  }
+  if (h->opcode == DG_TCP_ABORT && x->base.all_dgrad && h->nbytes == DG_TCP_HDR) {
+    int64_t blame = (int64_t)h->slot, code = -(int64_t)h->offset;
+    if (blame < 0 || blame >= x->base.size) blame = p->peer;
+    if (code >= 0 || code <= DG__ERR_MIN) code = DG_EPEER;
+    const char *what = code == DG_EPEER ? "connection lost (process exited or was killed?)"
+                       : code == DG_ETIMEDOUT ? "silent past the deadline"
+                                              : dg_strerror((int)code);
+    xfail(x, (int)code, (int)blame, "rank %d: %s (reported by rank %d)", (int)blame, what,
+          p->peer);
+    return -1;
   }
   if (h->opcode == DG_TCP_BYE && x->base.all_dgrad && h->nbytes == DG_TCP_HDR) {
     p->state = DG_PAIR_BYE;
@@ -295,7 +403,7 @@ static void on_eof(dg_tcp_xport *x, dg_tcp_pair *p, int err) {
     close_pair(x, p, DG_EPEER);
     return;
   }
-  xfail(x, DG_EPEER, "rank %d (%s): %s (process exited or was killed?)", p->peer, p->addr,
+  xfail(x, DG_EPEER, p->peer, "rank %d (%s): %s (process exited or was killed?)", p->peer, p->addr,
         why);
 }
 
@@ -323,11 +431,7 @@ static void do_read(dg_tcp_xport *x, dg_tcp_pair *p) {
     budget -= (size_t)r;
     if (p->rop) {
       p->rgot += (size_t)r;
-      if (p->rgot == p->rop->nrecv) {
-        complete(x, p->rop, DG_OK);
-        p->rop = NULL;
-        pthread_cond_broadcast(&x->cv);
-      }
+      if (p->rgot == p->rop->nrecv) rop_done(x, p);
     } else if ((p->rh_got += (size_t)r) == DG_TCP_HDR) {
       if (on_header(x, p) < 0) return;
       flush(x, p); /* a RECV_READY may have released data */
@@ -341,7 +445,9 @@ static void *progress_main(void *arg) {
   for (;;) {
     int n = epoll_wait(x->ep, ev, 64, -1);
     if (n < 0 && errno != EINTR) break;
+    __atomic_store_n(&x->loop_wants_lock, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&x->mu);
+    __atomic_store_n(&x->loop_wants_lock, 0, __ATOMIC_RELAXED);
     int stop = x->stop;
     for (int i = 0; i < n && !stop; i++) {
       uint32_t id = ev[i].data.u32;
@@ -365,11 +471,23 @@ static void *progress_main(void *arg) {
 
 static int tcp_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
   dg_tcp_xport *x = X(xp);
-  /* Spin briefly: a reply on loopback often lands within microseconds, and a
-   * condition-variable sleep costs a wake-up on this kind of VM. */
-  int64_t spin_end = dg__now_ns() + 20000;
+  /* Busy-poll the op's own socket for a while: on loopback the answer often
+   * lands within microseconds, and handing it over from the progress thread
+   * costs a wake-up (slow on VMs). */
+  int64_t spin_end = dg__now_ns() + (int64_t)x->spin_us * 1000;
+  dg_tcp_pair *p = &x->pairs[op->peer];
   while (__atomic_load_n(&op->status, __ATOMIC_ACQUIRE) == DG_XOP_PENDING &&
          dg__now_ns() < spin_end) {
+    if (__atomic_load_n(&x->loop_wants_lock, __ATOMIC_RELAXED) ||
+        pthread_mutex_trylock(&x->mu) != 0) {
+      for (int i = 0; i < 64; i++) __builtin_ia32_pause();
+      continue;
+    }
+    if (p->fd >= 0 && !x->err && op->status == DG_XOP_PENDING) {
+      do_read(x, p);
+      if (p->out) flush(x, p);
+    }
+    pthread_mutex_unlock(&x->mu);
   }
   pthread_mutex_lock(&x->mu);
   while (op->status == DG_XOP_PENDING) {
@@ -388,10 +506,10 @@ static int tcp_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
   return st == DG_XOP_PENDING ? DG_ETIMEDOUT : st;
 }
 
-static void tcp_abort(dg_xport *xp, int code, const char *msg) {
+static void tcp_abort(dg_xport *xp, int code, int peer, const char *msg) {
   dg_tcp_xport *x = X(xp);
   pthread_mutex_lock(&x->mu);
-  xfail(x, code, "%s", msg);
+  xfail(x, code, peer, "%s", msg);
   pthread_mutex_unlock(&x->mu);
 }
 
@@ -484,6 +602,9 @@ int dg__tcp_xport_new(dg_xport **out, const dg_xport_opts *o, char *err, size_t 
   x->base.rank = o->rank;
   x->base.size = o->size;
   x->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 300000;
+  x->base.eager_max = DG_TCP_EAGER_MAX;
+  const char *spin = getenv("DG_SPIN_US");
+  x->spin_us = spin && *spin ? atoi(spin) : 100;
   x->ep = x->evfd = -1;
   pthread_mutex_init(&x->mu, NULL);
   pthread_cond_init(&x->cv, NULL);

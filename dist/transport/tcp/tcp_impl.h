@@ -19,6 +19,13 @@ enum {
 /* dgrad-only: "I am leaving cleanly" (sent only when every rank is dgrad,
  * since Gloo aborts on opcodes it does not know). */
 #define DG_TCP_BYE 0x4447425945ULL
+/* dgrad-only: "I failed because of rank <slot>, code -<offset>", sent just
+ * before closing, so every rank names the rank at the root of a failure. */
+#define DG_TCP_ABORT 0x444741424f5254ULL
+/* dgrad-only: data sent without a RECV_READY (small collective messages). */
+#define DG_TCP_EAGER 0x444745414752ULL
+/* Largest message sent eagerly. */
+#define DG_TCP_EAGER_MAX ((size_t)64 << 10)
 
 typedef struct {
   uint64_t nbytes, opcode, slot, offset, length, roffset;
@@ -52,6 +59,8 @@ typedef struct {
   dg_tcp_rr *rr;              /* (nrr) banked RECV_READY, FIFO */
   size_t nrr, caprr;
   dg_tcp_msg *out, *out_tail; /* transmit queue */
+  dg_xop *unx, *unx_tail;     /* eager data that arrived before its receive */
+  dg_xop *rop_unx;            /* rop is an unexpected-data holder */
 } dg_tcp_pair;
 
 typedef struct {
@@ -65,6 +74,8 @@ typedef struct {
   int err;
   char errmsg[512];
   int timeout_ms;
+  int spin_us; /* busy-poll before sleeping in wait (DG_SPIN_US) */
+  int loop_wants_lock; /* the progress thread is queueing for mu: spinners back off */
 } dg_tcp_xport;
 
 /* tcp_conn.c: Gloo's connectFullMesh; fills pairs[i].fd (blocking sockets). */

@@ -1,0 +1,316 @@
+/* DDP: construction, the grad-ready and backward-end hooks that drive the
+ * bucket all-reduces, accumulation / no-sync, Join, accessors. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "dist/ddp_impl.h"
+#include "tensor/tensor_impl.h"
+
+#define MiB ((size_t)1 << 20)
+
+double dg__ddp_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int dg__ddp_fail(dg_ddp *d, int code, const char *fmt, ...) {
+  char tmp[DG_DDP_ERRMSG];
+  va_list ap;
+  va_start(ap, fmt);
+  dg__vfmt(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  if (!d->err) {
+    d->err = code;
+    memcpy(d->errmsg, tmp, sizeof tmp);
+  }
+  DG_LOGD("%s", tmp);
+  return code;
+}
+
+dg_ddp_opts dg_ddp_defaults(void) {
+  dg_ddp_opts o;
+  memset(&o, 0, sizeof o);
+  return o;
+}
+
+/* ---- per-backward state ---- */
+
+static void post_count(dg_ddp *d, int32_t have) {
+  d->has_data = have;
+  d->count_work = NULL;
+  int rc = dg_pg_allreduce(d->pg, &d->has_data, 1, DG_I32, DG_RED_SUM, &d->count_work);
+  if (rc) dg__ddp_fail(d, rc, "ddp: rank %d: posting the ranks-with-data count failed: %s",
+                       d->rank, dg_pg_errmsg(d->pg));
+}
+
+/* Waits for the count; returns it (0 on failure, with the error recorded). */
+static int32_t wait_count(dg_ddp *d) {
+  if (!d->count_work) return d->err ? 0 : d->world;
+  int rc = dg_work_wait(d->count_work, 0);
+  if (rc)
+    dg__ddp_fail(d, rc, "ddp: rank %d: step %lld: all-reduce of the ranks-with-data count "
+                 "failed: %s", d->rank, (long long)d->st.sync_steps, dg_work_errmsg(d->count_work));
+  dg_work_free(d->count_work);
+  d->count_work = NULL;
+  return rc ? 0 : d->has_data;
+}
+
+static void begin_round(dg_ddp *d, int32_t have) {
+  for (int k = 0; k < d->nb; k++) d->b[k].pending = d->b[k].nparams, d->b[k].started = 0;
+  d->next_start = 0;
+  if (!d->opts.no_join) post_count(d, have);
+}
+
+/* First hook of a backward: does it synchronise? */
+static void begin_step(dg_ddp *d) {
+  if (d->in_step) return;
+  d->in_step = 1;
+  d->syncing = 0;
+  if (d->sync_on) {
+    int K = d->opts.accum_steps > 1 ? d->opts.accum_steps : 1;
+    d->syncing = ++d->micro >= K;
+  }
+  if (d->syncing && !d->err) begin_round(d, 1);
+}
+
+static void on_ready(void *user, dg_params *ps, int i, int reached) {
+  dg_ddp *d = user;
+  (void)reached;
+  if (ps != d->ps) return;
+  begin_step(d);
+  if (!d->order_done && d->norder < d->nparams) d->order[d->norder++] = i;
+  if (!d->syncing || d->opts.no_overlap || d->err) return;
+  int k = d->pbucket[i];
+  if (k < 0 || --d->b[k].pending > 0) return;
+  while (d->next_start < d->nb && d->b[d->next_start].pending <= 0)
+    dg__ddp_start_bucket(d, d->next_start++);
+}
+
+static void log_unused(dg_ddp *d) {
+  if (d->unused_logged || dg_params_unreached_count(d->ps) == 0) return;
+  d->unused_logged = 1;
+  char names[400];
+  size_t len = 0;
+  names[0] = '\0';
+  for (int i = 0; i < d->nparams && len + 2 < sizeof names; i++) {
+    if (!dg_params_trainable(d->ps, i) || dg_param_reached(d->ps, i)) continue;
+    int w = snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "",
+                     dg_tensor_name(dg_params_get(d->ps, i)));
+    if (w > 0) len += (size_t)w;
+  }
+  DG_LOGI("ddp: rank %d: %d parameter(s) received no gradient in a backward and count as zero "
+          "in the average: %s", d->rank, dg_params_unreached_count(d->ps), names);
+}
+
+/* Completes a synchronising round: count, buckets, scale, rebuild. */
+static int finish_round(dg_ddp *d, int accum_div) {
+  dg__ddp_start_rest(d);
+  int32_t active = wait_count(d);
+  float scale = active > 0 ? 1.0f / ((float)active * (float)accum_div) : 0.0f;
+  int rc = dg__ddp_finish_all(d, scale);
+  if (!rc && !d->rebuilt && !d->opts.static_buckets) rc = dg__ddp_rebuild(d);
+  return rc ? rc : d->err;
+}
+
+static int on_end(void *user, dg_ctx *ctx) {
+  dg_ddp *d = user;
+  if (!d->in_step) return d->err;
+  d->in_step = 0;
+  d->order_done = 1;
+  log_unused(d);
+  d->last_synced = 0;
+  if (!d->syncing) {
+    d->st.local_steps++;
+    return DG_OK;
+  }
+  d->syncing = 0;
+  double t0 = dg__ddp_now();
+  int K = d->opts.accum_steps > 1 ? d->opts.accum_steps : 1;
+  int rc = finish_round(d, d->micro > 1 ? K : 1);
+  d->micro = 0;
+  d->st.wait_s += dg__ddp_now() - t0;
+  d->st.sync_steps++;
+  if (rc) {
+    dg__set_error(ctx, rc, "%s", d->errmsg);
+    return rc;
+  }
+  d->last_synced = 1;
+  return DG_OK;
+}
+
+/* ---- construction ---- */
+
+static int setup(dg_ddp *d) {
+  d->nparams = dg_params_count(d->ps);
+  for (int i = 0; i < d->nparams; i++) d->ntrain += dg_params_trainable(d->ps, i) != 0;
+  if (d->ntrain == 0)
+    return dg__ddp_fail(d, DG_EINVAL, "ddp_new: the store has no trainable parameter");
+  if (d->opts.accum_steps < 0 || d->opts.nbuffers < 0 || (d->opts.nbuffers && !d->opts.buffers))
+    return dg__ddp_fail(d, DG_EINVAL, "ddp_new: invalid options (accum_steps %d, nbuffers %d)",
+                        d->opts.accum_steps, d->opts.nbuffers);
+  if (d->opts.hook && (!d->opts.hook->start || !d->opts.hook->finish || !d->opts.hook->name))
+    return dg__ddp_fail(d, DG_EINVAL, "ddp_new: a comm hook needs name, start and finish");
+  if (!d->opts.bucket_cap_bytes) d->opts.bucket_cap_bytes = 25 * MiB;
+  if (!d->opts.first_bucket_bytes) d->opts.first_bucket_bytes = 1 * MiB;
+  if (d->opts.hook) d->hook = *d->opts.hook;
+  else dg__ddp_builtin_hook(d, &d->hook);
+  d->pbucket = dg__malloc((size_t)d->nparams * sizeof *d->pbucket);
+  d->order = dg__malloc((size_t)d->nparams * sizeof *d->order);
+  if (!d->pbucket || !d->order) return dg__ddp_fail(d, DG_ENOMEM, "ddp_new: out of memory");
+  int rc = dg__ddp_verify(d);
+  if (!rc) rc = dg__ddp_broadcast_state(d, 0, 1);
+  if (!rc) rc = dg__ddp_build_buckets(d, 0);
+  if (rc) return d->err ? d->err : dg__ddp_fail(d, rc, "ddp_new: %s", dg_strerror(rc));
+  d->ready_id = dg_ctx_add_grad_ready_hook(d->ctx, on_ready, d);
+  d->end_id = d->ready_id > 0 ? dg_ctx_add_backward_end_hook(d->ctx, on_end, d) : d->ready_id;
+  if (d->end_id > 0) rc = dg_ctx_attach_params(d->ctx, d->ps);
+  else rc = d->end_id;
+  if (rc) return dg__ddp_fail(d, rc, "ddp_new: installing the autograd hooks failed (%s)",
+                              dg_strerror(rc));
+  return DG_OK;
+}
+
+int dg_ddp_new(dg_ddp **out, dg_ctx *ctx, dg_params *ps, dg_pg *pg, const dg_ddp_opts *opts) {
+  if (out) *out = NULL;
+  if (!out || !ctx || !ps || !pg) return ctx ? dg__set_error(ctx, DG_EINVAL,
+                                                             "ddp_new: NULL argument") : DG_EINVAL;
+  dg_ddp *d = dg__calloc(1, sizeof *d);
+  if (!d) return dg__set_error(ctx, DG_ENOMEM, "ddp_new: out of memory");
+  d->ctx = ctx;
+  d->ps = ps;
+  d->pg = pg;
+  d->rank = dg_pg_rank(pg);
+  d->world = dg_pg_size(pg);
+  d->opts = opts ? *opts : dg_ddp_defaults();
+  d->sync_on = 1;
+  int rc = setup(d);
+  if (rc) {
+    dg__set_error(ctx, rc, "%s", d->errmsg);
+    DG_LOGE("%s", d->errmsg);
+    dg_ddp_free(d);
+    return rc;
+  }
+  *out = d;
+  return DG_OK;
+}
+
+void dg_ddp_free(dg_ddp *d) {
+  if (!d) return;
+  if (d->ready_id > 0) dg_ctx_remove_hook(d->ctx, d->ready_id);
+  if (d->end_id > 0) dg_ctx_remove_hook(d->ctx, d->end_id);
+  for (int k = 0; k < d->nb; k++)
+    if (d->b[k].started && d->hook.release) d->hook.release(d->hook.state, d->b[k].work);
+  if (d->count_work) dg_work_free(d->count_work);
+  dg__ddp_hook_free(d);
+  dg__free(d->b);
+  dg__free(d->pbucket);
+  dg__free(d->order);
+  dg__free(d);
+}
+
+/* ---- Join ---- */
+
+/* Once all have joined: values from the rank that trained longest. */
+static int final_sync(dg_ddp *d) {
+  int64_t key = d->st.sync_steps * d->world + (d->world - 1 - d->rank);
+  dg_work *w = NULL;
+  int rc = dg_pg_allreduce(d->pg, &key, 1, DG_I64, DG_RED_MAX, &w);
+  if (!rc) rc = dg_work_wait(w, 0);
+  if (rc)
+    dg__ddp_fail(d, rc, "ddp_join: rank %d: choosing the final root failed: %s", d->rank,
+                 w ? dg_work_errmsg(w) : dg_pg_errmsg(d->pg));
+  dg_work_free(w);
+  if (rc) return rc;
+  int root = d->world - 1 - (int)(key % d->world);
+  return dg__ddp_broadcast_state(d, root, 0);
+}
+
+int dg_ddp_join(dg_ddp *d) {
+  if (!d) return DG_EINVAL;
+  if (d->opts.no_join)
+    return dg__ddp_fail(d, DG_ESTATE, "ddp_join: created with no_join");
+  if (d->in_step) return dg__ddp_fail(d, DG_ESTATE, "ddp_join: called inside a backward");
+  while (!d->err) {
+    begin_round(d, 0);
+    int32_t active = wait_count(d);
+    if (d->err || active == 0) break;
+    dg_params_zero_grad(d->ps); /* shadow step: this rank contributes zeros */
+    if (finish_round(d, 1)) break;
+    d->st.shadow_steps++;
+  }
+  d->micro = 0;
+  if (d->err) return d->err;
+  return final_sync(d);
+}
+
+/* ---- accessors ---- */
+
+int dg_ddp_set_sync(dg_ddp *d, int on) {
+  if (!d) return 0;
+  int prev = d->sync_on;
+  d->sync_on = !!on;
+  return prev;
+}
+
+int dg_ddp_will_sync(const dg_ddp *d) {
+  if (!d || !d->sync_on) return 0;
+  int K = d->opts.accum_steps > 1 ? d->opts.accum_steps : 1;
+  return d->micro + 1 >= K;
+}
+
+int dg_ddp_step_ready(const dg_ddp *d) { return d ? d->last_synced : 0; }
+
+int dg_ddp_broadcast_buffers(dg_ddp *d) {
+  if (!d) return DG_EINVAL;
+  int rc = DG_OK;
+  for (int k = 0; !rc && k < d->opts.nbuffers; k++) {
+    dg_tensor *t = d->opts.buffers[k];
+    dg_work *w = NULL;
+    rc = dg_pg_broadcast(d->pg, dg_tensor_data(t), (size_t)dg_tensor_numel(t), dg_tensor_dtype(t),
+                         0, &w);
+    if (!rc) rc = dg_work_wait(w, 0);
+    if (rc) dg__ddp_fail(d, rc, "ddp: rank %d: broadcast of buffer %d failed: %s", d->rank, k,
+                         w ? dg_work_errmsg(w) : dg_pg_errmsg(d->pg));
+    dg_work_free(w);
+  }
+  return rc;
+}
+
+const char *dg_ddp_errmsg(const dg_ddp *d) { return d ? d->errmsg : ""; }
+
+void dg_ddp_hook_error(dg_ddp *d, const char *msg) {
+  if (!d || d->err || !msg) return;
+  snprintf(d->errmsg, sizeof d->errmsg, "%s", msg);
+}
+
+int dg_ddp_get_stats(const dg_ddp *d, dg_ddp_stats *out) {
+  if (!d || !out) return DG_EINVAL;
+  *out = d->st;
+  out->nbuckets = d->nb;
+  out->rebuilt = d->rebuilt;
+  return DG_OK;
+}
+
+int dg_ddp_bucket_info(const dg_ddp *d, int k, int *nparams, size_t *bytes, int *first) {
+  if (!d || k < 0 || k >= d->nb) return DG_EINVAL;
+  if (nparams) *nparams = d->b[k].nparams;
+  if (bytes) *bytes = (d->b[k].hi - d->b[k].lo) * sizeof(float);
+  if (first) *first = d->b[k].first;
+  return DG_OK;
+}
+
+dg_loader_opts dg_ddp_loader_opts(const dg_pg *pg, int64_t batch, uint64_t seed, int drop_last) {
+  dg_loader_opts o;
+  memset(&o, 0, sizeof o);
+  o.batch_size = batch;
+  o.shuffle = 1;
+  o.seed = seed;
+  o.drop_last = !!drop_last;
+  o.rank = pg ? dg_pg_rank(pg) : 0;
+  o.world_size = pg ? dg_pg_size(pg) : 1;
+  o.shard_drop = !!drop_last;
+  return o;
+}

@@ -1,0 +1,166 @@
+/* DDP buckets: contiguous slices of the flat gradient buffer, built over the
+ * memory order of the parameters (descending at first, i.e. reverse
+ * registration; ascending after the rebuild that lays the store out in the
+ * observed ready order), started in bucket order, finished at backward end. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/ddp_impl.h"
+
+/* Parameter indices sorted by offset (insertion sort: stores are small and
+ * this avoids qsort's global comparator state across threads). */
+static void sort_by_offset(const dg_params *ps, int *idx, int n) {
+  for (int i = 0; i < n; i++) idx[i] = i;
+  for (int i = 1; i < n; i++) {
+    int v = idx[i], j = i - 1;
+    size_t ov = dg_params_offset(ps, v);
+    while (j >= 0 && dg_params_offset(ps, idx[j]) > ov) {
+      idx[j + 1] = idx[j];
+      j--;
+    }
+    idx[j + 1] = v;
+  }
+}
+
+static void close_bucket(dg_ddp *d, dg__ddp_bucket *cur, int *open) {
+  if (!*open) return;
+  d->b[d->nb++] = *cur;
+  *open = 0;
+}
+
+int dg__ddp_build_buckets(dg_ddp *d, int ascending) {
+  int n = d->nparams;
+  int *idx = dg__malloc((size_t)(n ? n : 1) * sizeof *idx);
+  dg__ddp_bucket *nb = dg__calloc((size_t)(n ? n : 1), sizeof *nb);
+  if (!idx || !nb) {
+    dg__free(idx);
+    dg__free(nb);
+    return DG_ENOMEM;
+  }
+  sort_by_offset(d->ps, idx, n);
+  dg__free(d->b);
+  d->b = nb;
+  d->nb = 0;
+  dg__ddp_bucket cur = {0};
+  int open = 0;
+  size_t cap0 = d->opts.first_bucket_bytes, cap = d->opts.bucket_cap_bytes;
+  for (int k = 0; k < n; k++) {
+    int i = idx[ascending ? k : n - 1 - k];
+    d->pbucket[i] = -1;
+    if (!dg_params_trainable(d->ps, i)) {
+      close_bucket(d, &cur, &open); /* never straddle a frozen parameter */
+      continue;
+    }
+    size_t lo = dg_params_offset(d->ps, i);
+    size_t hi = lo + (size_t)dg_tensor_numel(dg_params_get(d->ps, i));
+    if (!open) {
+      cur = (dg__ddp_bucket){.lo = lo, .hi = hi, .first = i};
+      open = 1;
+    }
+    cur.lo = DG_MIN(cur.lo, lo);
+    cur.hi = DG_MAX(cur.hi, hi);
+    cur.nparams++;
+    d->pbucket[i] = d->nb;
+    if ((cur.hi - cur.lo) * sizeof(float) >= (d->nb == 0 ? cap0 : cap))
+      close_bucket(d, &cur, &open);
+  }
+  close_bucket(d, &cur, &open);
+  dg__free(idx);
+  d->st.nbuckets = d->nb;
+  return DG_OK;
+}
+
+/* The full permutation for dg_params_relayout: the ready order, then any
+ * parameter it lacks (frozen ones) in registration order. */
+static void complete_order(const dg_ddp *d, int *order) {
+  int n = d->nparams, k = 0;
+  uint8_t *seen = dg__calloc((size_t)n + 1, 1);
+  DG_ASSERT(seen);
+  for (int j = 0; j < d->norder; j++) {
+    int i = d->order[j];
+    if (i >= 0 && i < n && !seen[i]) seen[i] = 1, order[k++] = i;
+  }
+  for (int i = 0; i < n; i++)
+    if (!seen[i]) order[k++] = i;
+  dg__free(seen);
+}
+
+int dg__ddp_rebuild(dg_ddp *d) {
+  int n = d->nparams;
+  int32_t *order = dg__malloc((size_t)(n ? n : 1) * sizeof *order);
+  if (!order) return DG_ENOMEM;
+  complete_order(d, order);
+  dg_work *w = NULL;
+  int rc = dg_pg_broadcast(d->pg, order, (size_t)n, DG_I32, 0, &w);
+  if (!rc) rc = dg_work_wait(w, 0);
+  if (rc)
+    dg__ddp_fail(d, rc, "ddp: broadcast of the bucket order failed: %s",
+                 w ? dg_work_errmsg(w) : dg_pg_errmsg(d->pg));
+  dg_work_free(w);
+  for (int k = 0; !rc && k < n; k++)
+    if (order[k] < 0 || order[k] >= n) rc = dg__ddp_fail(d, DG_EFORMAT, "ddp: bad bucket order");
+  if (!rc) rc = dg_params_relayout(d->ps, order);
+  if (!rc) rc = dg__ddp_build_buckets(d, 1);
+  if (!rc) d->rebuilt = d->st.rebuilt = 1;
+  dg__free(order);
+  if (!rc) DG_LOGD("ddp: rank %d: buckets rebuilt from the ready order (%d buckets)", d->rank,
+                   d->nb);
+  return rc;
+}
+
+void dg__ddp_view(const dg_ddp *d, int k, dg_ddp_bucket *out) {
+  float *g = dg_params_grad(d->ps, NULL);
+  out->index = k;
+  out->nbuckets = d->nb;
+  out->grad = g + d->b[k].lo;
+  out->n = d->b[k].hi - d->b[k].lo;
+  out->world_size = d->world;
+}
+
+void dg__ddp_start_bucket(dg_ddp *d, int k) {
+  dg__ddp_bucket *b = &d->b[k];
+  if (d->err) return; /* the group is broken: post nothing more */
+  dg_ddp_bucket v;
+  dg__ddp_view(d, k, &v);
+  b->started = 1;
+  b->work = NULL;
+  d->st.bytes_reduced += (double)v.n * sizeof(float);
+  int rc = d->hook.start(d->hook.state, d->pg, &v, &b->work);
+  if (rc) {
+    b->started = 0;
+    if (!d->err)
+      dg__ddp_fail(d, rc, "ddp: rank %d: starting the reduction of bucket %d (%zu floats) "
+                   "failed: %s", d->rank, k, v.n, d->errmsg[0] ? d->errmsg : dg_pg_errmsg(d->pg));
+  }
+}
+
+void dg__ddp_start_rest(dg_ddp *d) {
+  while (d->next_start < d->nb) dg__ddp_start_bucket(d, d->next_start++);
+}
+
+int dg__ddp_finish_all(dg_ddp *d, float scale) {
+  int first = DG_OK;
+  for (int k = 0; k < d->nb; k++) {
+    dg__ddp_bucket *b = &d->b[k];
+    if (!b->started) continue;
+    b->started = 0;
+    if (first) { /* an earlier bucket failed: the group is broken */
+      if (d->hook.release) d->hook.release(d->hook.state, b->work);
+      b->work = NULL;
+      continue;
+    }
+    dg_ddp_bucket v;
+    dg__ddp_view(d, k, &v);
+    d->errmsg[0] = d->err ? d->errmsg[0] : '\0';
+    int rc = d->hook.finish(d->hook.state, d->pg, &v, b->work, scale);
+    b->work = NULL;
+    if (rc) {
+      first = rc;
+      if (!d->err)
+        dg__ddp_fail(d, rc, "ddp: rank %d: step %lld: all-reduce of bucket %d (%d params, "
+                     "%zu floats) failed: %s", d->rank, (long long)d->st.sync_steps, k,
+                     b->nparams, v.n, d->errmsg[0] ? d->errmsg : dg_pg_errmsg(d->pg));
+    }
+  }
+  return first ? first : d->err;
+}

@@ -1,0 +1,90 @@
+/* Internal: the DDP object shared by dist/ddp*.c. Not API. */
+#ifndef DG_DDP_IMPL_H
+#define DG_DDP_IMPL_H
+
+#include "dgrad/autograd.h"
+#include "dgrad/ddp.h"
+#include "tensor/common_impl.h"
+
+#define DG_DDP_ERRMSG 512
+
+typedef struct {
+  size_t lo, hi;      /* element range [lo, hi) of the flat gradient buffer */
+  int first, nparams; /* first parameter (in bucket order) and count */
+  int pending;        /* gradients of this backward not yet final */
+  int started;        /* hook->start called in this step */
+  void *work;         /* hook's pending state */
+} dg__ddp_bucket;
+
+struct dg_ddp {
+  dg_ctx *ctx;
+  dg_params *ps;
+  dg_pg *pg;
+  int rank, world;
+  dg_ddp_opts opts;
+  dg_ddp_comm_hook hook;
+  int ready_id, end_id;
+  /* buckets */
+  int nparams;        /* parameters in the store */
+  int ntrain;         /* trainable parameters (in buckets) */
+  dg__ddp_bucket *b;  /* (nb) */
+  int nb;
+  int *pbucket;       /* (nparams) bucket of parameter i, -1 when frozen */
+  int next_start;     /* first bucket not started yet */
+  int rebuilt;
+  /* ready order observed in the first backward (parameter indices) */
+  int *order;
+  int norder, order_done;
+  /* per-backward state */
+  int in_step;        /* a ready/end hook of this backward ran */
+  int syncing;        /* this backward synchronises */
+  int micro;          /* backwards since the last sync (accumulation) */
+  int last_synced;
+  int sync_on;
+  int32_t has_data;   /* count all-reduce buffer */
+  dg_work *count_work;
+  int unused_logged;
+  /* built-in compression: per-bucket half buffers */
+  uint16_t **half;
+  size_t *half_cap;
+  int nhalf;
+  /* errors and stats */
+  int err;
+  char errmsg[DG_DDP_ERRMSG];
+  dg_ddp_stats st;
+};
+
+/* ddp_bucket.c */
+/* Builds the buckets over the current layout: ascending memory order when
+ * `ascending`, else descending (reverse registration). */
+int dg__ddp_build_buckets(dg_ddp *d, int ascending);
+/* Broadcasts rank 0's ready order, re-lays the store out in it and rebuilds
+ * the buckets (ascending). Collective. */
+int dg__ddp_rebuild(dg_ddp *d);
+/* Starts bucket k (hook start); records a failure. */
+void dg__ddp_start_bucket(dg_ddp *d, int k);
+/* Starts every bucket not started yet, in order. */
+void dg__ddp_start_rest(dg_ddp *d);
+/* Finishes every started bucket in order with `scale`; releases the rest.
+ * Returns the first error. */
+int dg__ddp_finish_all(dg_ddp *d, float scale);
+/* The hook's view of bucket k. */
+void dg__ddp_view(const dg_ddp *d, int k, dg_ddp_bucket *out);
+
+/* ddp_hook.c: the built-in hook for opts.comm. */
+void dg__ddp_builtin_hook(dg_ddp *d, dg_ddp_comm_hook *out);
+void dg__ddp_hook_free(dg_ddp *d);
+
+/* ddp.c */
+/* Records the first failure: code and message (printf format). */
+int dg__ddp_fail(dg_ddp *d, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+double dg__ddp_now(void);
+
+/* ddp_verify.c */
+/* Checks parameters and options across ranks (collective). */
+int dg__ddp_verify(dg_ddp *d);
+/* Broadcasts values and buffers from `root`. */
+int dg__ddp_broadcast_state(dg_ddp *d, int root, int with_buffers);
+
+#endif
