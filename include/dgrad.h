@@ -10,6 +10,7 @@
 #include "dgrad/nn.h"
 #include "dgrad/optim.h"
 #include "dgrad/data.h"
+#include "dgrad/ddp.h"
 #include "dgrad/checkpoint.h"
 
 #endif

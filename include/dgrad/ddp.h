@@ -1,0 +1,214 @@
+/* dgrad/ddp.h — data-parallel training: wrap a parameter store and a process
+ * group, train as on one process, get the same model.
+ *
+ *   dg_ddp *ddp;
+ *   dg_ddp_new(&ddp, ctx, ps, pg, NULL);           // broadcast + verify
+ *   for (each batch) {
+ *     loss = forward(ctx, my_shard_of_batch);
+ *     dg_backward(ctx, loss);                       // all-reduce overlapped
+ *     if (dg_ddp_step_ready(ddp)) {                 // end of accumulation
+ *       dg_optim_step(opt);
+ *       dg_params_zero_grad(ps);
+ *     }
+ *     dg_ctx_reset(ctx);
+ *   }
+ *   dg_ddp_join(ddp);      // every rank, once, when its data runs out
+ *
+ * What happens. dg_ddp_new broadcasts the parameter values (the whole flat
+ * value buffer, frozen parameters included) and opts->buffers from rank 0 and
+ * checks that every rank has the same parameters (count, names, shapes,
+ * dtypes, trainable flags) and the same DDP options; a mismatch fails every
+ * rank with DG_EMISMATCH and a message (dg_errmsg(ctx)) naming the first
+ * differing parameter and the two ranks.
+ *
+ * Buckets. Trainable parameters are grouped into buckets of at most
+ * bucket_cap_bytes (the first bucket first_bucket_bytes; a bucket closes once
+ * it reaches its cap, so one large parameter makes a bucket of its own), in
+ * reverse registration order. A bucket is a contiguous slice of the store's
+ * flat gradient buffer: gradients are views into bucket memory and nothing is
+ * copied. At the end of the first synchronising backward the store is re-laid
+ * out (dg_params_relayout) in the order gradients became ready on rank 0 and
+ * the buckets are rebuilt from it, so a bucket's gradients finish together.
+ * After that backward, parameter offsets have changed: re-read
+ * dg_tensor_data / dg_params_offset rather than keeping raw pointers across
+ * it (tensor handles stay valid; optimizer state moves along).
+ *
+ * Overlap. A bucket's all-reduce starts from the grad-ready hook as soon as
+ * its last gradient is final, while backward goes on; buckets start in bucket
+ * order on every rank. The backward-end hook waits for all (each wait bounded
+ * by the group's timeout) and divides: gradients are averaged over the ranks
+ * that contributed data. A failure (dead peer, timeout) becomes dg_backward's
+ * result and dg_errmsg(ctx) names the step, the bucket and the failing
+ * operation and peer (from dg_pg_errmsg).
+ *
+ * Unused parameters. A parameter the backward did not reach counts as zero
+ * gradient in the average; nothing to configure. Their names are logged once
+ * at DG_LOG_INFO.
+ *
+ * Accumulation. With accum_steps = K, only every K-th backward synchronises;
+ * the others only accumulate locally (no communication). On the boundary DDP
+ * divides the accumulated gradient by K (so keep the loss a per-micro-batch
+ * mean, as on one process): with equal micro-batches the result equals one
+ * step on the K micro-batches of all ranks concatenated. dg_ddp_set_sync(0)
+ * opens a manual no-sync scope (like torch's no_sync): backwards inside it do
+ * not communicate and do not count towards accum_steps, and no extra division
+ * is applied (scale the loss yourself).
+ *
+ * Uneven inputs (Join). Each synchronising step carries a one-integer
+ * all-reduce "ranks with data" posted before the first bucket. A rank whose
+ * data has run out calls dg_ddp_join: it keeps answering the other ranks'
+ * steps with zero gradients until every rank has joined, and the others
+ * divide by the number of ranks still training, so nobody waits forever.
+ * Every rank calls dg_ddp_join once, after its last step. When all have
+ * joined, parameter values are broadcast from a rank that trained longest,
+ * so every rank ends with the same model (optimizer state is not synced).
+ * opts.no_join = 1 drops the per-step count (a tiny all-reduce) for groups
+ * known to be even; dg_ddp_join then returns DG_ESTATE.
+ *
+ * Distributed sampling: dg_ddp_loader_opts fills dg_loader_opts (data.h) for
+ * this rank: equal shards (pad by wrapping, or drop_last), reshuffled per
+ * epoch from a seed shared by all ranks.
+ *
+ * Ownership. A dg_ddp borrows ctx, ps and pg (they must outlive it) and
+ * installs a grad-ready and a backward-end hook on ctx plus attaches ps to
+ * it; dg_ddp_free removes the hooks. dg_ddp_free(NULL) is a no-op.
+ *
+ * Threads. A dg_ddp is used by the thread that runs backward on its ctx; its
+ * all-reduces run in the group's worker thread. Do not post other
+ * collectives on the same group from another thread during a backward. */
+#ifndef DGRAD_DDP_H
+#define DGRAD_DDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dgrad/common.h"
+#include "dgrad/data.h"
+#include "dgrad/dist.h"
+#include "dgrad/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dg_ddp dg_ddp;
+
+/* ---- communication hooks ---- */
+
+/* One bucket, as a hook sees it. */
+typedef struct {
+  int index;      /* 0 .. nbuckets-1: the order buckets start in (same on all ranks) */
+  int nbuckets;
+  float *grad;    /* (n) f32: the bucket's slice of the flat gradient buffer */
+  size_t n;       /* elements (alignment padding between parameters included; it is 0) */
+  int world_size;
+} dg_ddp_bucket;
+
+/* A communication hook replaces the all-reduce of each bucket. start runs on
+ * the backward thread as soon as the bucket is ready (and for every bucket of
+ * a joined rank's shadow step, whose grad is all zero); it must not block for
+ * long: post asynchronous collectives on pg and keep what finish needs in
+ * *pending. finish runs at backward end, in bucket order, and must leave in
+ * b->grad the value  scale * (sum over ranks of their b->grad)  — scale is
+ * 1 / (ranks with data * accum divisor) — waiting for its works (dg_work_wait
+ * is bounded by the group's timeout). Return DG_OK or a DG_E* code; the
+ * message of a failed work should be copied with dg_ddp_hook_error so that
+ * dg_backward reports it. release frees *pending when finish will not be
+ * called (an earlier failure); it may be NULL when start allocates nothing.
+ * All ranks must install the same hook (its name takes part in the check of
+ * dg_ddp_new). Buckets may change size once (the rebuild after the first
+ * synchronising step): key per-bucket buffers by index and size.
+ *
+ * The built-in hooks: plain f32 all-reduce (DG_DDP_COMM_F32, the default;
+ * average in the collective, no extra pass when scale is 1/world), and
+ * DG_DDP_COMM_FP16 / DG_DDP_COMM_BF16: multiply by 1/world while converting
+ * the bucket to f16/bf16, all-reduce (sum) in that type, convert back while
+ * multiplying by scale * world. */
+typedef struct {
+  const char *name; /* compared across ranks */
+  void *state;
+  int (*start)(void *state, dg_pg *pg, const dg_ddp_bucket *b, void **pending);
+  int (*finish)(void *state, dg_pg *pg, const dg_ddp_bucket *b, void *pending, float scale);
+  void (*release)(void *state, void *pending);
+} dg_ddp_comm_hook;
+
+typedef enum {
+  DG_DDP_COMM_F32 = 0,
+  DG_DDP_COMM_FP16 = 1,
+  DG_DDP_COMM_BF16 = 2
+} dg_ddp_comm;
+
+/* ---- options ---- */
+
+typedef struct {
+  size_t bucket_cap_bytes;   /* 0: 25 MiB */
+  size_t first_bucket_bytes; /* 0: 1 MiB */
+  int accum_steps;           /* 0 or 1: every backward synchronises */
+  dg_ddp_comm comm;          /* built-in reduction (ignored when hook is set) */
+  const dg_ddp_comm_hook *hook; /* user hook (copied); NULL: `comm` */
+  int no_join;         /* 1: no per-step "ranks with data" count (no Join) */
+  int static_buckets;  /* 1: keep the initial buckets (no relayout/rebuild) */
+  int no_overlap;      /* 1: start every all-reduce at backward end (a
+                          baseline for measuring the overlap) */
+  /* Tensors outside the store (e.g. running statistics) broadcast from rank
+   * 0 by dg_ddp_new and dg_ddp_broadcast_buffers; contiguous, any dtype. */
+  dg_tensor *const *buffers;
+  int nbuffers;
+} dg_ddp_opts;
+
+/* All defaults (zeros). */
+dg_ddp_opts dg_ddp_defaults(void);
+
+/* Collective: every rank of pg calls it. On failure *out is NULL and
+ * dg_errmsg(ctx) says why (DG_EMISMATCH: parameters or options differ between
+ * ranks; DG_EPEER / DG_ETIMEDOUT: the broadcast failed; DG_EINVAL: bad
+ * options, or a store with no trainable parameter). */
+int dg_ddp_new(dg_ddp **out, dg_ctx *ctx, dg_params *ps, dg_pg *pg, const dg_ddp_opts *opts);
+void dg_ddp_free(dg_ddp *ddp);
+
+/* No-sync scope: 0 makes the following backwards local only, 1 (default)
+ * restores synchronisation. Returns the previous setting. */
+int dg_ddp_set_sync(dg_ddp *ddp, int on);
+/* 1 when the next backward will synchronise. */
+int dg_ddp_will_sync(const dg_ddp *ddp);
+/* 1 when the last backward synchronised (the gradients are averaged: step
+ * the optimizer now, then zero the gradients). */
+int dg_ddp_step_ready(const dg_ddp *ddp);
+
+/* Join (see above): returns when every rank has joined, after the final
+ * parameter broadcast. DG_ESTATE with no_join, else DG_OK or the group's
+ * failure (message in dg_ddp_errmsg). */
+int dg_ddp_join(dg_ddp *ddp);
+
+/* Broadcasts opts->buffers from rank 0 again (collective). */
+int dg_ddp_broadcast_buffers(dg_ddp *ddp);
+
+/* Last failure ("" when none). */
+const char *dg_ddp_errmsg(const dg_ddp *ddp);
+/* For hooks: records msg as the detail of the hook's failure. */
+void dg_ddp_hook_error(dg_ddp *ddp, const char *msg);
+
+typedef struct {
+  int nbuckets;
+  int rebuilt;            /* 1 once buckets follow the observed ready order */
+  int64_t sync_steps;     /* synchronising backwards with data */
+  int64_t local_steps;    /* backwards without communication */
+  int64_t shadow_steps;   /* steps answered while joined */
+  double wait_s;          /* time backward-end spent waiting for buckets */
+  double bytes_reduced;   /* f32 gradient bytes put through hooks */
+} dg_ddp_stats;
+
+int dg_ddp_get_stats(const dg_ddp *ddp, dg_ddp_stats *out);
+/* Bucket k: parameter count, bytes (f32), first parameter's index. */
+int dg_ddp_bucket_info(const dg_ddp *ddp, int k, int *nparams, size_t *bytes, int *first);
+
+/* dg_loader_opts for this rank of pg: shuffle from `seed` per epoch, equal
+ * shards of the dataset (drop_last 0: pad by wrapping around, as torch's
+ * DistributedSampler; 1: drop the tail), batches of `batch` per rank.
+ * Fields not named here keep their zero default. */
+dg_loader_opts dg_ddp_loader_opts(const dg_pg *pg, int64_t batch, uint64_t seed, int drop_last);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DGRAD_DDP_H */
