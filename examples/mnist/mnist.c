@@ -1,0 +1,382 @@
+/* examples/mnist: trains an MLP or a small CNN on Fashion-MNIST (or any
+ * MNIST-format directory) with checkpoints and exact resume.
+ *
+ *   mnist [--data DIR] [--model mlp|cnn] [--optim sgd|adamw|lamb|lars]
+ *         [--batch 64] [--lr LR] [--epochs 3] [--threads N] [--seed 1]
+ *         [--checkpoint PATH] [--save-every STEPS] [--resume PATH]
+ *         [--max-steps N] [--log-every 100] [--loss-log FILE]
+ *
+ * Models (parameters named "layers.<i>.weight" / ".bias"):
+ *   mlp  784-512-256-10, ReLU
+ *   cnn  conv 1->32 3x3 pad 1, ReLU, maxpool 2, conv 32->64 3x3 pad 1, ReLU,
+ *        maxpool 2, flatten, linear 3136->128, ReLU, linear 128->10
+ * Default learning rates: sgd 0.05 (momentum 0.9), adamw 1e-3 (weight decay
+ * 0.01), lamb 4e-3, lars 2.0 (trust 0.001, momentum 0.9, wd 5e-4).
+ *
+ * Checkpoints (dgrad/checkpoint.h, safetensors) are written at each epoch
+ * end, every --save-every steps, and when --max-steps stops the run; they
+ * hold parameters, optimizer state, step, RNG and loader position, so
+ * --resume continues exactly where the run stopped: the same losses, bit
+ * for bit, as a run that never stopped (tests/ckpt/test_mnist_resume.py).
+ * --max-steps counts global steps, the resumed ones included.
+ *
+ * Output: a progress line every --log-every steps (epoch, step, loss,
+ * samples/s, ETA), the test accuracy at each epoch end, and a summary with
+ * dgrad's heap allocations during steady-state steps (0: none; counted
+ * through dg_set_allocator). --loss-log appends "<step> <loss as %a>" per
+ * step.
+ *
+ * Data-parallel seam: with WORLD_SIZE > 1 in the environment the loader is
+ * sharded by rank (see dist_setup); the DDP wrapper (dgrad/ddp.h) plugs in
+ * at the three places marked "DDP:". */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <dgrad.h>
+
+#include "mnist_opts.h"
+
+/* ---- heap allocations made by dgrad, counted through the allocator hook ---- */
+
+static uint64_t g_allocs;
+static void *count_malloc(size_t n) {
+  g_allocs++;
+  return malloc(n);
+}
+static void *count_realloc(void *p, size_t n) {
+  g_allocs++;
+  return realloc(p, n);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- model ---- */
+
+/* Appends the module a constructor just made (rc: the constructor's code). */
+static int add(dg_module *seq, int rc, dg_module **m) {
+  if (rc) return rc;
+  rc = dg_sequential_add(seq, *m, NULL);
+  if (rc) dg_module_free(*m);
+  return rc;
+}
+
+static int build_model(const char *kind, dg_module **out) {
+  dg_module *seq, *m = NULL;
+  int rc = dg_nn_sequential(&seq);
+  if (rc) return rc;
+  if (!strcmp(kind, "mlp")) {
+    rc = add(seq, dg_nn_linear(&m, 784, 512, 1), &m);
+    if (!rc) rc = add(seq, dg_nn_relu(&m), &m);
+    if (!rc) rc = add(seq, dg_nn_linear(&m, 512, 256, 1), &m);
+    if (!rc) rc = add(seq, dg_nn_relu(&m), &m);
+    if (!rc) rc = add(seq, dg_nn_linear(&m, 256, 10, 1), &m);
+  } else {
+    rc = add(seq, dg_nn_conv2d(&m, 1, 32, 3, 1, 1, 1), &m);
+    if (!rc) rc = add(seq, dg_nn_relu(&m), &m);
+    if (!rc) rc = add(seq, dg_nn_maxpool2d(&m, 2, 2), &m);
+    if (!rc) rc = add(seq, dg_nn_conv2d(&m, 32, 64, 3, 1, 1, 1), &m);
+    if (!rc) rc = add(seq, dg_nn_relu(&m), &m);
+    if (!rc) rc = add(seq, dg_nn_maxpool2d(&m, 2, 2), &m);
+    if (!rc) rc = add(seq, dg_nn_flatten(&m), &m);
+    if (!rc) rc = add(seq, dg_nn_linear(&m, 3136, 128, 1), &m);
+    if (!rc) rc = add(seq, dg_nn_relu(&m), &m);
+    if (!rc) rc = add(seq, dg_nn_linear(&m, 128, 10, 1), &m);
+  }
+  if (rc) dg_module_free(seq);
+  else *out = seq;
+  return rc;
+}
+
+static int build_optim(const mnist_opts *o, dg_params *ps, dg_optim **out) {
+  if (!strcmp(o->optim, "sgd")) {
+    dg_sgd_opts s = dg_sgd_defaults();
+    s.lr = o->lr, s.momentum = 0.9f;
+    return dg_optim_sgd_new(out, ps, &s);
+  }
+  if (!strcmp(o->optim, "adamw")) {
+    dg_adamw_opts a = dg_adamw_defaults();
+    a.lr = o->lr;
+    return dg_optim_adamw_new(out, ps, &a);
+  }
+  if (!strcmp(o->optim, "lamb")) {
+    dg_lamb_opts a = dg_lamb_defaults();
+    a.lr = o->lr;
+    return dg_optim_lamb_new(out, ps, &a);
+  }
+  dg_lars_opts l = dg_lars_defaults();
+  l.lr = o->lr;
+  return dg_optim_lars_new(out, ps, &l);
+}
+
+/* ---- training state ---- */
+
+typedef struct {
+  mnist_opts o;
+  dg_ctx *ctx;
+  dg_params *ps;
+  dg_module *net;
+  dg_optim *opt;
+  dg_mnist *train, *test;
+  dg_dataset train_ds, test_ds;
+  dg_loader *loader, *test_loader;
+  int rank, world; /* data-parallel position (1 process: 0, 1) */
+  /* DDP: dg_pg *pg; dg_ddp *ddp; */
+  int64_t step;    /* global steps taken */
+  FILE *loss_log;
+  uint64_t steady_allocs;
+  double t_start;
+  int64_t steps_this_run;
+} trainer;
+
+/* Reads WORLD_SIZE / RANK. DDP: create the group here with
+ * dg_pg_new_from_env and, after the model is bound, wrap it with
+ * dg_ddp_new(&t->ddp, t->ctx, t->ps, t->pg, NULL). */
+static int dist_setup(trainer *t) {
+  const char *ws = getenv("WORLD_SIZE"), *rk = getenv("RANK");
+  t->world = ws ? atoi(ws) : 1;
+  t->rank = rk ? atoi(rk) : 0;
+  if (t->world < 1) t->world = 1;
+  if (t->world > 1) {
+    fprintf(stderr, "mnist: WORLD_SIZE=%d: data-parallel training needs dgrad/ddp.h, which "
+            "this example does not use yet; run with one process\n", t->world);
+    return DG_EUNSUPPORTED;
+  }
+  return DG_OK;
+}
+
+static int open_data(trainer *t) {
+  char err[512];
+  int rc = dg_mnist_open(t->o.data, 1, &t->train, err, sizeof err);
+  if (!rc) rc = dg_mnist_open(t->o.data, 0, &t->test, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "mnist: %s\n", err);
+    return rc;
+  }
+  dg_mnist_dataset(t->train, &t->train_ds);
+  dg_mnist_dataset(t->test, &t->test_ds);
+  dg_loader_opts lo = {t->o.batch, 1, t->o.seed, 1, t->rank, t->world, 0};
+  rc = dg_loader_new(&t->loader, &t->train_ds, &lo);
+  dg_loader_opts to = {500, 0, 0, 0, 0, 1, 0};
+  if (!rc) rc = dg_loader_new(&t->test_loader, &t->test_ds, &to);
+  if (rc) fprintf(stderr, "mnist: loader: %s\n", dg_strerror(rc));
+  return rc;
+}
+
+static int trainer_init(trainer *t) {
+  int rc = dist_setup(t);
+  if (!rc) rc = open_data(t);
+  if (rc) return rc;
+  dg_ctx_opts co = {64u << 20, t->o.seed};
+  if ((rc = dg_ctx_new(&t->ctx, &co)) || (rc = dg_params_new(&t->ps)) ||
+      (rc = build_model(t->o.model, &t->net)) ||
+      (rc = dg_module_bind(t->net, t->ps, "layers", t->o.seed)) ||
+      (rc = build_optim(&t->o, t->ps, &t->opt))) {
+    fprintf(stderr, "mnist: cannot build the %s model / %s optimizer: %s\n", t->o.model,
+            t->o.optim, dg_strerror(rc));
+    return rc;
+  }
+  /* DDP: dg_ddp_new here (broadcasts rank 0's parameters). */
+  if (t->o.loss_log && !(t->loss_log = fopen(t->o.loss_log, "a"))) {
+    fprintf(stderr, "mnist: cannot open %s\n", t->o.loss_log);
+    return DG_EIO;
+  }
+  return DG_OK;
+}
+
+static void trainer_free(trainer *t) {
+  if (t->loss_log) fclose(t->loss_log);
+  dg_loader_free(t->loader);
+  dg_loader_free(t->test_loader);
+  dg_mnist_free(t->train);
+  dg_mnist_free(t->test);
+  dg_optim_free(t->opt);
+  dg_module_free(t->net);
+  dg_params_free(t->ps);
+  dg_ctx_free(t->ctx);
+}
+
+/* ---- checkpoints ---- */
+
+static int save(trainer *t, const char *why) {
+  if (!t->o.checkpoint || t->rank != 0) return DG_OK;
+  char batch[32], lr[32], seed[32], err[512];
+  snprintf(batch, sizeof batch, "%d", t->o.batch);
+  snprintf(lr, sizeof lr, "%.9g", (double)t->o.lr);
+  snprintf(seed, sizeof seed, "%" PRIu64, t->o.seed);
+  const char *keys[] = {"model", "optim_kind", "batch", "lr", "seed", "data"};
+  const char *vals[] = {t->o.model, t->o.optim, batch, lr, seed, t->o.data};
+  dg_checkpoint c = {t->ps, t->opt, t->ctx, t->loader, t->step, 6, keys, vals};
+  int rc = dg_checkpoint_save(t->o.checkpoint, &c, err, sizeof err);
+  if (rc) fprintf(stderr, "mnist: checkpoint: %s\n", err);
+  else printf("checkpoint %s saved at step %" PRId64 " (%s)\n", t->o.checkpoint, t->step, why);
+  fflush(stdout);
+  return rc;
+}
+
+/* The run's settings must match the checkpoint's (model, optimizer kind,
+ * batch, seed); then everything is restored. */
+static int resume(trainer *t) {
+  char err[512], v[256], want[64];
+  const char *keys[] = {"model", "optim_kind", "batch", "seed"};
+  for (int i = 0; i < 4; i++) {
+    if (i == 2) snprintf(want, sizeof want, "%d", t->o.batch);
+    else if (i == 3) snprintf(want, sizeof want, "%" PRIu64, t->o.seed);
+    else snprintf(want, sizeof want, "%s", i ? t->o.optim : t->o.model);
+    int rc = dg_checkpoint_meta(t->o.resume, keys[i], v, sizeof v, err, sizeof err);
+    if (rc || strcmp(v, want)) {
+      fprintf(stderr, "mnist: cannot resume: %s\n", rc ? err : "");
+      if (!rc)
+        fprintf(stderr, "mnist: %s: %s is %s in the checkpoint, %s on the command line\n",
+                t->o.resume, keys[i], v, want);
+      return rc ? rc : DG_EMISMATCH;
+    }
+  }
+  dg_checkpoint c = {t->ps, t->opt, t->ctx, t->loader, 0, 0, NULL, NULL};
+  int rc = dg_checkpoint_load(t->o.resume, &c, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "mnist: cannot resume: %s\n", err);
+    return rc;
+  }
+  t->step = c.step;
+  int64_t ep, bt;
+  dg_loader_position(t->loader, &ep, &bt);
+  printf("resumed from %s: step %" PRId64 ", epoch %" PRId64 ", batch %" PRId64 "\n",
+         t->o.resume, t->step, ep + 1, bt);
+  return DG_OK;
+}
+
+/* ---- steps ---- */
+
+static dg_tensor *input(trainer *t, float *x, int64_t rows) {
+  int cnn = !strcmp(t->o.model, "cnn");
+  int64_t s2[2] = {rows, 784}, s4[4] = {rows, 1, 28, 28};
+  return dg_wrap(t->ctx, DG_F32, cnn ? 4 : 2, cnn ? s4 : s2, x);
+}
+
+/* One training step on the loader's current batch. */
+static int train_step(trainer *t, int64_t rows, float *loss) {
+  dg_ctx *ctx = t->ctx;
+  float *x = dg_loader_buffer(t->loader, 0);
+  int64_t *y = dg_loader_buffer(t->loader, 1);
+  dg_params_zero_grad(t->ps);
+  dg_tensor *logits = dg_module_forward(t->net, ctx, input(t, x, rows));
+  dg_tensor *l = dg_cross_entropy(ctx, logits, dg_wrap(ctx, DG_I64, 1, &rows, y));
+  int rc = l ? dg_backward(ctx, l) : dg_errcode(ctx);
+  /* DDP: with accumulation, step only when dg_ddp_step_ready(t->ddp). */
+  if (!rc) rc = dg_optim_step(t->opt);
+  if (rc) fprintf(stderr, "mnist: step %" PRId64 ": %s\n", t->step + 1,
+                  dg_errmsg(ctx)[0] ? dg_errmsg(ctx) : dg_strerror(rc));
+  else *loss = dg_tensor_item(l);
+  dg_ctx_reset(ctx);
+  return rc;
+}
+
+/* Test-set accuracy (eval mode, no tape). */
+static int evaluate(trainer *t, double *acc) {
+  int64_t rows, correct = 0, total = 0;
+  int prev = dg_set_grad_enabled(t->ctx, 0), rc;
+  dg_ctx_set_train(t->ctx, 0);
+  dg_loader_seek(t->test_loader, 0, 0);
+  while ((rc = dg_loader_next(t->test_loader, NULL, &rows)) == DG_OK) {
+    float *x = dg_loader_buffer(t->test_loader, 0);
+    int64_t *y = dg_loader_buffer(t->test_loader, 1);
+    dg_tensor *out = dg_module_forward(t->net, t->ctx, input(t, x, rows));
+    if (!out) {
+      fprintf(stderr, "mnist: eval: %s\n", dg_errmsg(t->ctx));
+      rc = dg_errcode(t->ctx);
+      break;
+    }
+    const float *p = dg_tensor_data(out); /* (rows, 10) */
+    for (int64_t i = 0; i < rows; i++) {
+      int best = 0;
+      for (int c = 1; c < 10; c++)
+        if (p[i * 10 + c] > p[i * 10 + best]) best = c;
+      correct += best == y[i];
+    }
+    total += rows;
+    dg_ctx_reset(t->ctx);
+  }
+  dg_ctx_reset(t->ctx);
+  dg_ctx_set_train(t->ctx, 1);
+  dg_set_grad_enabled(t->ctx, prev);
+  *acc = total ? (double)correct / (double)total : 0;
+  return rc == DG_LOADER_END ? DG_OK : rc;
+}
+
+static void progress(trainer *t, int64_t epoch, int64_t batch, float loss) {
+  int64_t nb = dg_loader_batches_per_epoch(t->loader);
+  int64_t total = t->o.epochs * nb;
+  if (t->o.max_steps > 0 && t->o.max_steps < total) total = t->o.max_steps;
+  double el = now_s() - t->t_start, rate = (double)t->steps_this_run / el;
+  double eta = rate > 0 ? (double)(total - t->step) / rate : 0;
+  printf("epoch %" PRId64 "/%d step %" PRId64 "/%" PRId64 " (global %" PRId64 ") loss %.4f  "
+         "%.0f samples/s  ETA %dm%02ds\n", epoch + 1, t->o.epochs, batch, nb, t->step,
+         (double)loss, rate * t->o.batch * t->world, (int)eta / 60, (int)eta % 60);
+  fflush(stdout);
+}
+
+static int end_epoch(trainer *t, int64_t epoch, double *ep_start) {
+  double acc, dt = now_s() - *ep_start;
+  int rc = evaluate(t, &acc);
+  if (rc) return rc;
+  printf("epoch %" PRId64 " done: test accuracy %.2f%% (%" PRId64 " test images), epoch "
+         "time %.1fs\n", epoch + 1, 100.0 * acc, dg_mnist_count(t->test), dt);
+  fflush(stdout);
+  *ep_start = now_s();
+  return save(t, "epoch end");
+}
+
+static int train(trainer *t) {
+  int64_t epoch, batch, rows;
+  double ep_start = now_s();
+  t->t_start = ep_start;
+  for (;;) {
+    dg_loader_position(t->loader, &epoch, &batch);
+    if (epoch >= t->o.epochs) return DG_OK;
+    if (t->o.max_steps > 0 && t->step >= t->o.max_steps) return save(t, "max steps");
+    int rc = dg_loader_next(t->loader, NULL, &rows);
+    if (rc == DG_LOADER_END) rc = end_epoch(t, epoch, &ep_start);
+    else if (rc == DG_OK) {
+      float loss = 0;
+      uint64_t a0 = g_allocs;
+      rc = train_step(t, rows, &loss);
+      if (t->steps_this_run >= 2) t->steady_allocs += g_allocs - a0;
+      t->step++, t->steps_this_run++;
+      if (t->loss_log) fprintf(t->loss_log, "%" PRId64 " %a\n", t->step, (double)loss);
+      if (!rc && t->o.log_every > 0 && t->step % t->o.log_every == 0)
+        progress(t, epoch, batch + 1, loss);
+      if (!rc && t->o.save_every > 0 && t->step % t->o.save_every == 0) rc = save(t, "periodic");
+    }
+    if (rc) return rc;
+  }
+}
+
+int main(int argc, char **argv) {
+  trainer t;
+  memset(&t, 0, sizeof t);
+  int rc = mnist_parse_opts(argc, argv, &t.o);
+  if (rc) return rc > 0 ? 0 : 2;
+  dg_set_allocator(count_malloc, count_realloc, free);
+  dg_set_num_threads(t.o.threads);
+  printf("mnist: model %s, optimizer %s (lr %g), batch %d, epochs %d, threads %d, seed %"
+         PRIu64 ", data %s\n", t.o.model, t.o.optim, (double)t.o.lr, t.o.batch, t.o.epochs,
+         t.o.threads, t.o.seed, t.o.data);
+  fflush(stdout);
+  rc = trainer_init(&t);
+  if (!rc && t.o.resume) rc = resume(&t);
+  if (!rc) rc = train(&t);
+  /* DDP: dg_ddp_join(t.ddp) here, then free the ddp and the group. */
+  if (!rc)
+    printf("done: %" PRId64 " steps in %.1fs; dgrad heap allocations in steady-state steps: %"
+           PRIu64 "\n", t.step, now_s() - t.t_start, t.steady_allocs);
+  trainer_free(&t);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,82 @@
+/* Command-line options of examples/mnist. */
+#ifndef MNIST_OPTS_H
+#define MNIST_OPTS_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <dgrad/data.h>
+
+typedef struct {
+  const char *data, *model, *optim, *checkpoint, *resume, *loss_log;
+  int batch, epochs, threads, log_every;
+  float lr; /* 0: the optimizer's default for this example */
+  uint64_t seed;
+  int64_t save_every, max_steps;
+} mnist_opts;
+
+static const char mnist_usage[] =
+    "usage: mnist [--data DIR] [--model mlp|cnn] [--optim sgd|adamw|lamb|lars]\n"
+    "             [--batch 64] [--lr LR] [--epochs 3] [--threads 1] [--seed 1]\n"
+    "             [--checkpoint PATH] [--save-every STEPS] [--resume PATH]\n"
+    "             [--max-steps N] [--log-every 100] [--loss-log FILE]\n";
+
+static float mnist_default_lr(const char *optim) {
+  if (!strcmp(optim, "sgd")) return 0.05f;
+  if (!strcmp(optim, "lamb")) return 4e-3f;
+  if (!strcmp(optim, "lars")) return 2.0f;
+  return 1e-3f;
+}
+
+static int mnist_one_of(const char *v, const char *a, const char *b, const char *c,
+                        const char *d) {
+  return !strcmp(v, a) || !strcmp(v, b) || (c && !strcmp(v, c)) || (d && !strcmp(v, d));
+}
+
+/* Returns 0, 1 after --help, or -1 on a bad option (message printed). */
+static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
+  *o = (mnist_opts){DG_FASHION_MNIST_DIR, "mlp", "adamw", NULL, NULL, NULL, 64, 3, 1, 100,
+                    0, 1, 0, 0};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      fputs(mnist_usage, stdout);
+      return 1;
+    }
+    if (!v || strncmp(a, "--", 2)) goto bad;
+    i++;
+    if (!strcmp(a, "--data")) o->data = v;
+    else if (!strcmp(a, "--model")) o->model = v;
+    else if (!strcmp(a, "--optim")) o->optim = v;
+    else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
+    else if (!strcmp(a, "--resume")) o->resume = v;
+    else if (!strcmp(a, "--loss-log")) o->loss_log = v;
+    else if (!strcmp(a, "--batch")) o->batch = atoi(v);
+    else if (!strcmp(a, "--epochs")) o->epochs = atoi(v);
+    else if (!strcmp(a, "--threads")) o->threads = atoi(v);
+    else if (!strcmp(a, "--log-every")) o->log_every = atoi(v);
+    else if (!strcmp(a, "--lr")) o->lr = strtof(v, NULL);
+    else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--save-every")) o->save_every = strtoll(v, NULL, 10);
+    else if (!strcmp(a, "--max-steps")) o->max_steps = strtoll(v, NULL, 10);
+    else goto bad;
+    continue;
+  bad:
+    fprintf(stderr, "mnist: bad option %s\n%s", a, mnist_usage);
+    return -1;
+  }
+  if (!mnist_one_of(o->model, "mlp", "cnn", NULL, NULL) ||
+      !mnist_one_of(o->optim, "sgd", "adamw", "lamb", "lars") || o->batch < 1 ||
+      o->epochs < 1 || o->threads < 1 || o->lr < 0) {
+    fprintf(stderr, "mnist: invalid value (model %s, optim %s, batch %d, epochs %d, threads "
+            "%d, lr %g)\n%s", o->model, o->optim, o->batch, o->epochs, o->threads,
+            (double)o->lr, mnist_usage);
+    return -1;
+  }
+  if (o->lr == 0) o->lr = mnist_default_lr(o->optim);
+  return 0;
+}
+
+#endif
