@@ -1,0 +1,132 @@
+/* Equivalence: DDP on W ranks, each with micro-batches of M rows, K
+ * micro-batches per step (accumulation), gives the same parameters after N
+ * steps as one process stepping on the concatenated W*K*M rows.
+ *
+ *   test_ddp_equiv W OPTIM K MODE COMM CAPS
+ *     OPTIM: sgd | adamw | lamb | lars
+ *     K:     micro-batches per step (1: no accumulation)
+ *     MODE:  plain | unused (a registered parameter the forward never uses)
+ *            | nosync (K-1 micro-steps inside dg_ddp_set_sync(0), loss / K)
+ *     COMM:  f32 | fp16 | bf16
+ *     CAPS:  small (a bucket per parameter or two) | default (25 MiB / 1 MiB)
+ *
+ * Bounds (max |ddp - ref| / max |ref| over all parameters): f32 1e-5;
+ * fp16 2e-3 and bf16 2e-2 (their mantissas keep 11 and 8 bits: one rounding
+ * of each averaged gradient per step, which an optimizer turns into at most
+ * lr-sized differences). Ranks other than 0 start from different values, so
+ * the broadcast of dg_ddp_new is tested too. */
+#include "tests/ddp/ddp_util.h"
+
+#define STEPS 6
+#define M 8
+
+typedef struct {
+  const char *optim, *mode, *comm, *caps;
+  int K;
+} cfg;
+
+static double bound(const cfg *c) {
+  if (!strcmp(c->comm, "fp16")) return 2e-3;
+  if (!strcmp(c->comm, "bf16")) return 2e-2;
+  return 1e-5;
+}
+
+static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
+  dg_store *st = NULL;
+  dg_pg *pg = NULL;
+  dg_ctx *ctx = NULL;
+  dg_optim *opt = NULL;
+  dg_ddp *ddp = NULL;
+  if (du_pg(r, W, &st, &pg) || dg_ctx_new(&ctx, NULL)) return 2;
+  if (du_mlp_init(m, !strcmp(c->mode, "unused"), 42 + (uint64_t)r)) return 3;
+  if (du_optim(c->optim, m->ps, &opt)) return 4;
+  dg_ddp_opts o = dg_ddp_defaults();
+  if (!strcmp(c->caps, "small")) o.first_bucket_bytes = 64, o.bucket_cap_bytes = 400;
+  o.comm = !strcmp(c->comm, "fp16") ? DG_DDP_COMM_FP16
+           : !strcmp(c->comm, "bf16") ? DG_DDP_COMM_BF16 : DG_DDP_COMM_F32;
+  int manual = !strcmp(c->mode, "nosync");
+  o.accum_steps = manual ? 1 : c->K;
+  if (dg_ddp_new(&ddp, ctx, m->ps, pg, &o)) {
+    fprintf(stderr, "rank %d: ddp_new: %s\n", r, dg_errmsg(ctx));
+    return 5;
+  }
+  for (int s = 0; s < STEPS; s++) {
+    for (int j = 0; j < c->K; j++) {
+      int64_t first = (int64_t)s * W * c->K * M + ((int64_t)j * W + r) * M;
+      if (manual) dg_ddp_set_sync(ddp, j == c->K - 1);
+      CHECK_EQ_INT(dg_ddp_will_sync(ddp), j == c->K - 1);
+      dg_tensor *loss = du_loss(ctx, m, first, M);
+      if (manual && c->K > 1) loss = dg_scale(ctx, loss, 1.0f / (float)c->K);
+      int rc = loss ? dg_backward(ctx, loss) : DG_EINVAL;
+      if (rc) {
+        fprintf(stderr, "rank %d step %d: %s\n", r, s, dg_errmsg(ctx));
+        return 6;
+      }
+      CHECK_EQ_INT(dg_ddp_step_ready(ddp), j == c->K - 1);
+      if (dg_ddp_step_ready(ddp)) {
+        CHECK_OK(dg_optim_step(opt));
+        dg_params_zero_grad(m->ps);
+      }
+      dg_ctx_reset(ctx);
+    }
+  }
+  dg_ddp_stats sts;
+  dg_ddp_get_stats(ddp, &sts);
+  CHECK_EQ_INT(sts.sync_steps, STEPS);
+  CHECK_EQ_INT(sts.local_steps, STEPS * (c->K - 1));
+  CHECK_EQ_INT(sts.rebuilt, 1);
+  if (!strcmp(c->caps, "small")) CHECK(sts.nbuckets >= 3);
+  else CHECK_EQ_INT(sts.nbuckets, 1);
+  dg_ddp_free(ddp);
+  dg_optim_free(opt);
+  dg_ctx_free(ctx);
+  du_leave(st, pg, W);
+  return 0;
+}
+
+static int run_ref(int W, const cfg *c, du_mlp *m) {
+  dg_ctx *ctx = NULL;
+  dg_optim *opt = NULL;
+  if (dg_ctx_new(&ctx, NULL) || du_mlp_init(m, !strcmp(c->mode, "unused"), 42) ||
+      du_optim(c->optim, m->ps, &opt))
+    return 7;
+  int64_t n = (int64_t)W * c->K * M;
+  for (int s = 0; s < STEPS; s++) {
+    dg_tensor *loss = du_loss(ctx, m, s * n, n);
+    if (!loss || dg_backward(ctx, loss)) return 8;
+    dg_optim_step(opt);
+    dg_params_zero_grad(m->ps);
+    dg_ctx_reset(ctx);
+  }
+  dg_optim_free(opt);
+  dg_ctx_free(ctx);
+  return 0;
+}
+
+static int rank_main(int r, int W, void *arg) {
+  const cfg *c = arg;
+  du_mlp d, ref;
+  int rc = run_ddp(r, W, c, &d);
+  if (rc) return rc;
+  if ((rc = run_ref(W, c, &ref))) return rc;
+  double rel = du_rel_diff(d.ps, ref.ps);
+  fprintf(stderr, "rank %d: %s K=%d %s %s %s: max rel diff %.3g (bound %.0e)\n", r, c->optim,
+          c->K, c->mode, c->comm, c->caps, rel, bound(c));
+  CHECK(rel <= bound(c));
+  if (strcmp(c->comm, "f32")) CHECK(rel > 0); /* compression must actually round */
+  dg_params_free(d.ps);
+  dg_params_free(ref.ps);
+  return dg_test_failures ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 7) {
+    fprintf(stderr, "usage: %s W OPTIM K MODE COMM CAPS\n", argv[0]);
+    return 2;
+  }
+  int W = atoi(argv[1]);
+  cfg c = {argv[2], argv[4], argv[5], argv[6], atoi(argv[3])};
+  REQUIRE(W >= 1 && W <= 8 && c.K >= 1);
+  CHECK_EQ_INT(du_run(W, rank_main, &c, 60, NULL), 0);
+  return TEST_DONE();
+}
