@@ -5,20 +5,25 @@
  *         [--batch 64] [--lr LR] [--epochs 3] [--threads N] [--seed 1]
  *         [--checkpoint PATH] [--save-every STEPS] [--resume PATH]
  *         [--max-steps N] [--log-every 100] [--loss-log FILE]
+ *         [--schedule cosine|constant] [--stop-at STEP]
  *
  * Models (parameters named "layers.<i>.weight" / ".bias"):
  *   mlp  784-512-256-10, ReLU
  *   cnn  conv 1->32 3x3 pad 1, ReLU, maxpool 2, conv 32->64 3x3 pad 1, ReLU,
  *        maxpool 2, flatten, linear 3136->128, ReLU, linear 128->10
  * Default learning rates: sgd 0.05 (momentum 0.9), adamw 1e-3 (weight decay
- * 0.01), lamb 4e-3, lars 2.0 (trust 0.001, momentum 0.9, wd 5e-4).
+ * 0.01), lamb 4e-3, lars 2.0 (trust 0.001, momentum 0.9, wd 5e-4); by
+ * default the rate follows a cosine from it to 0 over all the run's steps
+ * (--schedule constant keeps it), a pure function of the global step.
  *
  * Checkpoints (dgrad/checkpoint.h, safetensors) are written at each epoch
  * end, every --save-every steps, and when --max-steps stops the run; they
  * hold parameters, optimizer state, step, RNG and loader position, so
  * --resume continues exactly where the run stopped: the same losses, bit
  * for bit, as a run that never stopped (tests/ckpt/test_mnist_resume.py).
- * --max-steps counts global steps, the resumed ones included.
+ * --max-steps counts global steps, the resumed ones included, and sets the
+ * schedule's length; --stop-at STEP stops early (checkpoint saved) without
+ * changing the schedule, to test resuming.
  *
  * Output: a progress line every --log-every steps (epoch, step, loss,
  * samples/s, ETA), the test accuracy at each epoch end, and a summary with
@@ -26,9 +31,13 @@
  * through dg_set_allocator). --loss-log appends "<step> <loss as %a>" per
  * step.
  *
- * Data-parallel seam: with WORLD_SIZE > 1 in the environment the loader is
- * sharded by rank (see dist_setup); the DDP wrapper (dgrad/ddp.h) plugs in
- * at the three places marked "DDP:". */
+ * Data parallel: under dgrun (WORLD_SIZE > 1 in the environment) the
+ * process group comes from the environment, the parameters are wrapped with
+ * DDP (dgrad/ddp.h: rank 0's initial values broadcast, gradients averaged
+ * over ranks), each rank reads its own shard of every epoch (--batch is per
+ * rank), and rank 0 prints and writes checkpoints; every rank resumes from
+ * the same file.
+ *   dgrun -n 2 build/examples/mnist/mnist --model cnn --threads 1 */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -128,7 +137,9 @@ typedef struct {
   dg_dataset train_ds, test_ds;
   dg_loader *loader, *test_loader;
   int rank, world; /* data-parallel position (1 process: 0, 1) */
-  /* DDP: dg_pg *pg; dg_ddp *ddp; */
+  dg_pg *pg;       /* NULL on one process */
+  dg_ddp *ddp;
+  dg_lr_schedule sched;
   int64_t step;    /* global steps taken */
   FILE *loss_log;
   uint64_t steady_allocs;
@@ -136,19 +147,19 @@ typedef struct {
   int64_t steps_this_run;
 } trainer;
 
-/* Reads WORLD_SIZE / RANK. DDP: create the group here with
- * dg_pg_new_from_env and, after the model is bound, wrap it with
- * dg_ddp_new(&t->ddp, t->ctx, t->ps, t->pg, NULL). */
+/* With WORLD_SIZE > 1: the process group from the environment (dgrun,
+ * torchrun variables). */
 static int dist_setup(trainer *t) {
-  const char *ws = getenv("WORLD_SIZE"), *rk = getenv("RANK");
-  t->world = ws ? atoi(ws) : 1;
-  t->rank = rk ? atoi(rk) : 0;
-  if (t->world < 1) t->world = 1;
-  if (t->world > 1) {
-    fprintf(stderr, "mnist: WORLD_SIZE=%d: data-parallel training needs dgrad/ddp.h, which "
-            "this example does not use yet; run with one process\n", t->world);
-    return DG_EUNSUPPORTED;
+  const char *ws = getenv("WORLD_SIZE");
+  t->world = 1, t->rank = 0;
+  if (!ws || atoi(ws) <= 1) return DG_OK;
+  char err[512];
+  int rc = dg_pg_new_from_env(&t->pg, 0, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "mnist: process group: %s\n", err);
+    return rc;
   }
+  t->rank = dg_pg_rank(t->pg), t->world = dg_pg_size(t->pg);
   return DG_OK;
 }
 
@@ -183,7 +194,14 @@ static int trainer_init(trainer *t) {
             t->o.optim, dg_strerror(rc));
     return rc;
   }
-  /* DDP: dg_ddp_new here (broadcasts rank 0's parameters). */
+  if (t->pg && (rc = dg_ddp_new(&t->ddp, t->ctx, t->ps, t->pg, NULL))) {
+    fprintf(stderr, "mnist: ddp: %s\n", dg_errmsg(t->ctx));
+    return rc;
+  }
+  int64_t total = t->o.epochs * dg_loader_batches_per_epoch(t->loader);
+  if (t->o.max_steps > 0 && t->o.max_steps < total) total = t->o.max_steps;
+  t->sched = (dg_lr_schedule){t->o.cosine ? DG_LR_COSINE : DG_LR_CONSTANT, t->o.lr, 0, total,
+                              0, 1.0f, 0.0f};
   if (t->o.loss_log && !(t->loss_log = fopen(t->o.loss_log, "a"))) {
     fprintf(stderr, "mnist: cannot open %s\n", t->o.loss_log);
     return DG_EIO;
@@ -193,6 +211,7 @@ static int trainer_init(trainer *t) {
 
 static void trainer_free(trainer *t) {
   if (t->loss_log) fclose(t->loss_log);
+  dg_ddp_free(t->ddp);
   dg_loader_free(t->loader);
   dg_loader_free(t->test_loader);
   dg_mnist_free(t->train);
@@ -201,6 +220,7 @@ static void trainer_free(trainer *t) {
   dg_module_free(t->net);
   dg_params_free(t->ps);
   dg_ctx_free(t->ctx);
+  dg_pg_free(t->pg);
 }
 
 /* ---- checkpoints ---- */
@@ -270,8 +290,8 @@ static int train_step(trainer *t, int64_t rows, float *loss) {
   dg_tensor *logits = dg_module_forward(t->net, ctx, input(t, x, rows));
   dg_tensor *l = dg_cross_entropy(ctx, logits, dg_wrap(ctx, DG_I64, 1, &rows, y));
   int rc = l ? dg_backward(ctx, l) : dg_errcode(ctx);
-  /* DDP: with accumulation, step only when dg_ddp_step_ready(t->ddp). */
-  if (!rc) rc = dg_optim_step(t->opt);
+  dg_optim_set_lr(t->opt, dg_lr_at(&t->sched, t->step));
+  if (!rc) rc = dg_optim_step(t->opt); /* DDP: gradients are averaged by now */
   if (rc) fprintf(stderr, "mnist: step %" PRId64 ": %s\n", t->step + 1,
                   dg_errmsg(ctx)[0] ? dg_errmsg(ctx) : dg_strerror(rc));
   else *loss = dg_tensor_item(l);
@@ -326,7 +346,7 @@ static void progress(trainer *t, int64_t epoch, int64_t batch, float loss) {
 static int end_epoch(trainer *t, int64_t epoch, double *ep_start) {
   double acc, dt = now_s() - *ep_start;
   int rc = evaluate(t, &acc);
-  if (rc) return rc;
+  if (rc || t->rank) return rc;
   printf("epoch %" PRId64 " done: test accuracy %.2f%% (%" PRId64 " test images), epoch "
          "time %.1fs\n", epoch + 1, 100.0 * acc, dg_mnist_count(t->test), dt);
   fflush(stdout);
@@ -342,6 +362,7 @@ static int train(trainer *t) {
     dg_loader_position(t->loader, &epoch, &batch);
     if (epoch >= t->o.epochs) return DG_OK;
     if (t->o.max_steps > 0 && t->step >= t->o.max_steps) return save(t, "max steps");
+    if (t->o.stop_at > 0 && t->step >= t->o.stop_at) return save(t, "stop-at");
     int rc = dg_loader_next(t->loader, NULL, &rows);
     if (rc == DG_LOADER_END) rc = end_epoch(t, epoch, &ep_start);
     else if (rc == DG_OK) {
@@ -351,7 +372,7 @@ static int train(trainer *t) {
       if (t->steps_this_run >= 2) t->steady_allocs += g_allocs - a0;
       t->step++, t->steps_this_run++;
       if (t->loss_log) fprintf(t->loss_log, "%" PRId64 " %a\n", t->step, (double)loss);
-      if (!rc && t->o.log_every > 0 && t->step % t->o.log_every == 0)
+      if (!rc && t->rank == 0 && t->o.log_every > 0 && t->step % t->o.log_every == 0)
         progress(t, epoch, batch + 1, loss);
       if (!rc && t->o.save_every > 0 && t->step % t->o.save_every == 0) rc = save(t, "periodic");
     }
@@ -366,14 +387,16 @@ int main(int argc, char **argv) {
   if (rc) return rc > 0 ? 0 : 2;
   dg_set_allocator(count_malloc, count_realloc, free);
   dg_set_num_threads(t.o.threads);
-  printf("mnist: model %s, optimizer %s (lr %g), batch %d, epochs %d, threads %d, seed %"
-         PRIu64 ", data %s\n", t.o.model, t.o.optim, (double)t.o.lr, t.o.batch, t.o.epochs,
-         t.o.threads, t.o.seed, t.o.data);
+  printf("mnist: model %s, optimizer %s (lr %g, %s), batch %d, epochs %d, threads %d, seed %"
+         PRIu64 ", data %s\n", t.o.model, t.o.optim, (double)t.o.lr,
+         t.o.cosine ? "cosine" : "constant", t.o.batch, t.o.epochs, t.o.threads, t.o.seed,
+         t.o.data);
   fflush(stdout);
   rc = trainer_init(&t);
   if (!rc && t.o.resume) rc = resume(&t);
   if (!rc) rc = train(&t);
-  /* DDP: dg_ddp_join(t.ddp) here, then free the ddp and the group. */
+  if (!rc && t.ddp && (rc = dg_ddp_join(t.ddp)))
+    fprintf(stderr, "mnist: ddp join: %s\n", dg_ddp_errmsg(t.ddp));
   if (!rc)
     printf("done: %" PRId64 " steps in %.1fs; dgrad heap allocations in steady-state steps: %"
            PRIu64 "\n", t.step, now_s() - t.t_start, t.steady_allocs);

@@ -12,16 +12,20 @@
 typedef struct {
   const char *data, *model, *optim, *checkpoint, *resume, *loss_log;
   int batch, epochs, threads, log_every;
+  int cosine; /* 1: cosine decay to 0 over the run's steps */
   float lr; /* 0: the optimizer's default for this example */
   uint64_t seed;
   int64_t save_every, max_steps;
+  int64_t stop_at; /* tests: stop (and save) at this global step, as if the
+                      run were interrupted there; the schedule is unchanged */
 } mnist_opts;
 
 static const char mnist_usage[] =
     "usage: mnist [--data DIR] [--model mlp|cnn] [--optim sgd|adamw|lamb|lars]\n"
     "             [--batch 64] [--lr LR] [--epochs 3] [--threads 1] [--seed 1]\n"
     "             [--checkpoint PATH] [--save-every STEPS] [--resume PATH]\n"
-    "             [--max-steps N] [--log-every 100] [--loss-log FILE]\n";
+    "             [--max-steps N] [--log-every 100] [--loss-log FILE]\n"
+    "             [--schedule cosine|constant] [--stop-at STEP]\n";
 
 static float mnist_default_lr(const char *optim) {
   if (!strcmp(optim, "sgd")) return 0.05f;
@@ -38,7 +42,7 @@ static int mnist_one_of(const char *v, const char *a, const char *b, const char 
 /* Returns 0, 1 after --help, or -1 on a bad option (message printed). */
 static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
   *o = (mnist_opts){DG_FASHION_MNIST_DIR, "mlp", "adamw", NULL, NULL, NULL, 64, 3, 1, 100,
-                    0, 1, 0, 0};
+                    1, 0, 1, 0, 0, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -53,6 +57,8 @@ static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
     else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
     else if (!strcmp(a, "--resume")) o->resume = v;
     else if (!strcmp(a, "--loss-log")) o->loss_log = v;
+    else if (!strcmp(a, "--schedule") && mnist_one_of(v, "cosine", "constant", NULL, NULL))
+      o->cosine = !strcmp(v, "cosine");
     else if (!strcmp(a, "--batch")) o->batch = atoi(v);
     else if (!strcmp(a, "--epochs")) o->epochs = atoi(v);
     else if (!strcmp(a, "--threads")) o->threads = atoi(v);
@@ -61,6 +67,7 @@ static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
     else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--save-every")) o->save_every = strtoll(v, NULL, 10);
     else if (!strcmp(a, "--max-steps")) o->max_steps = strtoll(v, NULL, 10);
+    else if (!strcmp(a, "--stop-at")) o->stop_at = strtoll(v, NULL, 10);
     else goto bad;
     continue;
   bad:

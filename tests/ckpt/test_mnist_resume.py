@@ -15,9 +15,9 @@ import subprocess
 import sys
 import tempfile
 
-# (model, optimizer, total steps, stop-and-resume step)
-SETTINGS = [("cnn", "adamw", 16, 8), ("mlp", "sgd", 16, 10), ("mlp", "lars", 16, 13),
-            ("mlp", "lamb", 14, 5)]
+# (model, optimizer, lr schedule, total steps, stop-and-resume step)
+SETTINGS = [("cnn", "adamw", "cosine", 16, 8), ("mlp", "sgd", "cosine", 16, 10),
+            ("mlp", "lars", "constant", 16, 13), ("mlp", "lamb", "cosine", 14, 5)]
 
 
 def write_idx(path, dims, data):
@@ -53,8 +53,9 @@ def main():
     fails = 0
     with tempfile.TemporaryDirectory() as tmp:
         make_data(tmp)
-        for model, optim, n, k in SETTINGS:
+        for model, optim, sched, n, k in SETTINGS:
             common = ["--data", tmp, "--model", model, "--optim", optim, "--batch", "32",
+                      "--schedule", sched,
                       "--epochs", "3", "--threads", "1", "--seed", "3", "--log-every", "4"]
             a_log, b_log = os.path.join(tmp, "a.log"), os.path.join(tmp, "b.log")
             ck = os.path.join(tmp, "ck.safetensors")
@@ -62,11 +63,12 @@ def main():
                 if os.path.exists(f):
                     os.unlink(f)
             rc, out_a = run(exe, common + ["--max-steps", str(n), "--loss-log", a_log])
-            rc2, out_b = run(exe, common + ["--max-steps", str(k), "--loss-log", b_log,
+            rc2, out_b = run(exe, common + ["--max-steps", str(n), "--stop-at", str(k),
+                                            "--loss-log", b_log,
                                             "--checkpoint", ck])
             rc3, out_c = run(exe, common + ["--max-steps", str(n), "--loss-log", b_log,
                                             "--resume", ck])
-            name = "%s/%s %d = %d + %d" % (model, optim, n, k, n - k)
+            name = "%s/%s/%s %d = %d + %d" % (model, optim, sched, n, k, n - k)
             if rc or rc2 or rc3:
                 print("FAIL %s: exit codes %d %d %d\n%s\n%s\n%s" % (name, rc, rc2, rc3,
                                                                      out_a, out_b, out_c))
