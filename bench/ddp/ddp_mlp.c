@@ -1,0 +1,312 @@
+/* DDP benchmark: the MLP of bench/mlp.c (784-512-256-10, ReLU,
+ * cross-entropy, SGD) trained data-parallel on W local ranks (forked here,
+ * rendezvous through a FileStore in a temp dir, TCP transport on loopback).
+ *
+ *   ddp_mlp [--nproc W] [--ddp 0|1] [--batch B] [--threads T] [--steps S]
+ *           [--warmup N] [--bucket-mib X] [--first-mib X] [--comm f32|fp16|bf16]
+ *           [--no-overlap] [--no-join] [--layers 784,512,256,10]
+ *           [--parts] [--label TEXT]
+ *
+ * --ddp 0 runs the same loop without DDP (W must be 1): the overhead baseline.
+ * --parts also times, on every rank, compute alone (forward + backward + SGD
+ * with no DDP on a separate context) and communication alone (the bucket
+ * all-reduces of the gradient buffer, posted back to back, waited together).
+ *
+ * Prints one JSON line from rank 0 with samples/s over all ranks, step time,
+ * and DDP's time waiting at backward end (median over ranks is not taken:
+ * rank 0's own figures). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <dgrad.h>
+#include <dgrad/dist.h>
+
+#define MAXL 8
+
+typedef struct {
+  int nproc, ddp, threads, no_overlap, no_join, parts, nl;
+  long batch, steps, warmup;
+  double bucket_mib, first_mib;
+  const char *comm, *label;
+  int64_t dims[MAXL + 1];
+} bopts;
+
+typedef struct {
+  dg_params *ps;
+  dg_tensor *w[MAXL], *b[MAXL];
+} mlp;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int mlp_init(mlp *m, const bopts *o) {
+  int rc = dg_params_new(&m->ps);
+  for (int l = 0; !rc && l < o->nl; l++) {
+    char name[32];
+    int64_t ws[2] = {o->dims[l + 1], o->dims[l]};
+    snprintf(name, sizeof name, "fc%d.weight", l + 1);
+    rc = dg_params_add(m->ps, name, 2, ws, &m->w[l]);
+    snprintf(name, sizeof name, "fc%d.bias", l + 1);
+    if (!rc) rc = dg_params_add(m->ps, name, 1, ws, &m->b[l]);
+  }
+  for (int l = 0; !rc && l < o->nl; l++) {
+    float bound = 1.0f / sqrtf((float)o->dims[l]);
+    dg_init_uniform(m->w[l], -bound, bound, 1234 + (uint64_t)l);
+    dg_init_uniform(m->b[l], -bound, bound, 4321 + (uint64_t)l);
+  }
+  return rc;
+}
+
+/* Forward + backward + SGD; returns the loss or NAN. */
+static float step(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_ddp *ddp) {
+  int64_t B = o->batch, xs[2] = {B, o->dims[0]};
+  dg_tensor *h = dg_wrap(ctx, DG_F32, 2, xs, x);
+  for (int l = 0; l < o->nl; l++) {
+    h = dg_linear(ctx, h, m->w[l], m->b[l]);
+    if (l < o->nl - 1) h = dg_relu(ctx, h);
+  }
+  dg_tensor *loss = dg_cross_entropy(ctx, h, dg_wrap(ctx, DG_I64, 1, &B, y));
+  if (!loss || dg_backward(ctx, loss)) {
+    fprintf(stderr, "ddp_mlp: step failed: %s\n", dg_errmsg(ctx));
+    return NAN;
+  }
+  float lv = dg_tensor_item(loss);
+  if (!ddp || dg_ddp_step_ready(ddp)) {
+    size_t n = 0;
+    float *p = dg_params_data(m->ps, &n);
+    float *g = dg_params_grad(m->ps, &n);
+    for (size_t i = 0; i < n; i++) p[i] -= 0.01f * g[i];
+    memset(g, 0, n * sizeof *g);
+  }
+  dg_ctx_reset(ctx);
+  return lv;
+}
+
+/* Seconds per step of `steps` steps after `warmup`. */
+static double time_steps(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_ddp *ddp,
+                         float *loss) {
+  for (long s = 0; s < o->warmup; s++)
+    if (isnan(*loss = step(ctx, m, o, x, y, ddp))) return -1;
+  double t0 = now_s();
+  for (long s = 0; s < o->steps; s++)
+    if (isnan(*loss = step(ctx, m, o, x, y, ddp))) return -1;
+  return (now_s() - t0) / (double)o->steps;
+}
+
+/* Communication alone: the DDP's buckets of the gradient buffer, posted back
+ * to back and waited together; seconds per round. */
+static double time_comm(dg_pg *pg, dg_ddp *ddp, mlp *m, const bopts *o) {
+  int nb = 0;
+  dg_ddp_stats st;
+  dg_ddp_get_stats(ddp, &st);
+  nb = st.nbuckets;
+  float *g = dg_params_grad(m->ps, NULL);
+  dg_work *w[256];
+  double total = 0;
+  long rounds = o->steps / 2 + 2;
+  for (long it = 0; it < rounds; it++) {
+    dg_pg_barrier_sync(pg);
+    double t0 = now_s();
+    size_t off = 0;
+    for (int k = 0; k < nb && k < 256; k++) {
+      size_t bytes;
+      dg_ddp_bucket_info(ddp, k, NULL, &bytes, NULL);
+      dg_pg_allreduce(pg, g + off, bytes / 4, DG_F32, DG_RED_AVG, &w[k]);
+      off += bytes / 4;
+    }
+    for (int k = 0; k < nb && k < 256; k++) {
+      dg_work_wait(w[k], 0);
+      dg_work_free(w[k]);
+    }
+    if (it >= 2) total += now_s() - t0; /* two warm-up rounds */
+  }
+  return total / (double)(rounds - 2);
+}
+
+static int make_pg(int r, const bopts *o, const char *dir, dg_store **st, dg_pg **pg) {
+  int rc = dg_file_store_new(st, dir, 60000);
+  dg_pg_opts po;
+  memset(&po, 0, sizeof po);
+  po.rank = r;
+  po.world_size = o->nproc;
+  po.store = *st;
+  po.timeout_ms = 60000;
+  char err[256] = "";
+  if (!rc) rc = dg_pg_new_ex(pg, &po, err, sizeof err);
+  if (rc) fprintf(stderr, "ddp_mlp: rank %d: group: %s %s\n", r, dg_strerror(rc), err);
+  return rc;
+}
+
+/* Leaves once every rank is done with its collectives (see tests/ddp). */
+static void leave(dg_store *st, dg_pg *pg, int W) {
+  int64_t n = 0;
+  dg_store_add(st, "bench_done", 1, &n);
+  for (int i = 0; i < 4000 && n < W; i++) {
+    usleep(5000);
+    dg_store_add(st, "bench_done", 0, &n);
+  }
+  dg_pg_free(pg);
+  dg_store_free(st);
+}
+
+static void print_json(const bopts *o, double step_s, const dg_ddp_stats *st, double comp_s,
+                       double comm_s, float loss) {
+  printf("{\"impl\":\"dgrad\",\"bench\":\"ddp_mlp\",\"label\":\"%s\",\"nproc\":%d,\"ddp\":%d,"
+         "\"batch\":%ld,\"threads\":%d,\"steps\":%ld,\"bucket_mib\":%g,\"first_mib\":%g,"
+         "\"comm\":\"%s\",\"overlap\":%d,\"join\":%d,\"nbuckets\":%d,\"step_ms\":%.4f,"
+         "\"samples_per_s\":%.1f,\"wait_ms\":%.4f",
+         o->label, o->nproc, o->ddp, o->batch, o->threads, o->steps, o->bucket_mib, o->first_mib,
+         o->comm, !o->no_overlap, !o->no_join, st->nbuckets, step_s * 1e3,
+         (double)o->nproc * (double)o->batch / step_s,
+         st->sync_steps ? st->wait_s / (double)st->sync_steps * 1e3 : 0.0);
+  if (o->parts)
+    printf(",\"compute_ms\":%.4f,\"comm_ms\":%.4f,\"step_over_max\":%.3f,\"step_over_sum\":%.3f",
+           comp_s * 1e3, comm_s * 1e3, step_s / (comp_s > comm_s ? comp_s : comm_s),
+           step_s / (comp_s + comm_s));
+  printf(",\"loss\":%.5f}\n", (double)loss);
+  fflush(stdout);
+}
+
+static int rank_main(int r, const bopts *o, const char *dir) {
+  dg_set_num_threads(o->threads);
+  dg_store *st = NULL;
+  dg_pg *pg = NULL;
+  dg_ctx *ctx = NULL, *ctx2 = NULL;
+  dg_ddp *ddp = NULL;
+  mlp m;
+  memset(&m, 0, sizeof m);
+  if (o->ddp && make_pg(r, o, dir, &st, &pg)) return 10;
+  if (mlp_init(&m, o) || dg_ctx_new(&ctx, NULL) || dg_ctx_new(&ctx2, NULL)) return 11;
+  size_t nx = (size_t)o->batch * (size_t)o->dims[0];
+  float *x = malloc(nx * sizeof *x);
+  int64_t *y = malloc((size_t)o->batch * sizeof *y);
+  dg_rng_normal(42 + (uint64_t)r, 0, x, nx);
+  for (long i = 0; i < o->batch; i++) y[i] = (i * 7 + r) % o->dims[o->nl];
+  if (o->ddp) {
+    dg_ddp_opts d = dg_ddp_defaults();
+    d.bucket_cap_bytes = (size_t)(o->bucket_mib * 1048576.0);
+    d.first_bucket_bytes = (size_t)(o->first_mib * 1048576.0);
+    d.comm = !strcmp(o->comm, "fp16") ? DG_DDP_COMM_FP16
+             : !strcmp(o->comm, "bf16") ? DG_DDP_COMM_BF16 : DG_DDP_COMM_F32;
+    d.no_overlap = o->no_overlap;
+    d.no_join = o->no_join;
+    if (dg_ddp_new(&ddp, ctx, m.ps, pg, &d)) {
+      fprintf(stderr, "ddp_mlp: rank %d: %s\n", r, dg_errmsg(ctx));
+      return 12;
+    }
+  }
+  float loss = 0;
+  double step_s = time_steps(ctx, &m, o, x, y, ddp, &loss), comp_s = 0, comm_s = 0;
+  if (step_s < 0) return 13;
+  dg_ddp_stats sts;
+  memset(&sts, 0, sizeof sts);
+  if (ddp) {
+    dg_ddp_get_stats(ddp, &sts);
+    sts.wait_s = 0; /* count the timed steps only: measure again */
+    sts.sync_steps = 0;
+  }
+  if (ddp) { /* wait time over a second timed window */
+    dg_ddp_stats a, b;
+    dg_ddp_get_stats(ddp, &a);
+    bopts o2 = *o;
+    o2.warmup = 0;
+    step_s = 0.5 * (step_s + time_steps(ctx, &m, &o2, x, y, ddp, &loss));
+    dg_ddp_get_stats(ddp, &b);
+    sts.wait_s = b.wait_s - a.wait_s;
+    sts.sync_steps = b.sync_steps - a.sync_steps;
+  }
+  if (o->parts && ddp) {
+    comp_s = time_steps(ctx2, &m, o, x, y, NULL, &loss);
+    comm_s = time_comm(pg, ddp, &m, o);
+  }
+  if (r == 0) print_json(o, step_s, &sts, comp_s, comm_s, loss);
+  dg_ddp_free(ddp);
+  if (pg) leave(st, pg, o->nproc);
+  dg_ctx_free(ctx);
+  dg_ctx_free(ctx2);
+  dg_params_free(m.ps);
+  free(x);
+  free(y);
+  return 0;
+}
+
+static int parse_layers(bopts *o, const char *s) {
+  o->nl = -1;
+  while (*s && o->nl < MAXL) {
+    char *end;
+    o->dims[++o->nl] = strtol(s, &end, 10);
+    if (end == s || o->dims[o->nl] <= 0) return -1;
+    s = *end == ',' ? end + 1 : end;
+  }
+  return o->nl >= 1 ? 0 : -1;
+}
+
+static int parse(bopts *o, int argc, char **argv) {
+  *o = (bopts){.nproc = 1, .ddp = 1, .threads = 1, .batch = 64, .steps = 200, .warmup = 20,
+               .bucket_mib = 25, .first_mib = 1, .comm = "f32", .label = ""};
+  parse_layers(o, "784,512,256,10");
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--no-overlap")) o->no_overlap = 1;
+    else if (!strcmp(a, "--no-join")) o->no_join = 1;
+    else if (!strcmp(a, "--parts")) o->parts = 1;
+    else if (!v) return -1;
+    else if (!strcmp(a, "--nproc")) o->nproc = atoi(v), i++;
+    else if (!strcmp(a, "--ddp")) o->ddp = atoi(v), i++;
+    else if (!strcmp(a, "--batch")) o->batch = atol(v), i++;
+    else if (!strcmp(a, "--threads")) o->threads = atoi(v), i++;
+    else if (!strcmp(a, "--steps")) o->steps = atol(v), i++;
+    else if (!strcmp(a, "--warmup")) o->warmup = atol(v), i++;
+    else if (!strcmp(a, "--bucket-mib")) o->bucket_mib = atof(v), i++;
+    else if (!strcmp(a, "--first-mib")) o->first_mib = atof(v), i++;
+    else if (!strcmp(a, "--comm")) o->comm = v, i++;
+    else if (!strcmp(a, "--label")) o->label = v, i++;
+    else if (!strcmp(a, "--layers")) {
+      if (parse_layers(o, v)) return -1;
+      i++;
+    } else return -1;
+  }
+  if (o->nproc < 1 || o->nproc > 64 || o->batch < 1 || o->steps < 1) return -1;
+  if (!o->ddp && o->nproc != 1) return -1;
+  if (o->warmup < 3) o->warmup = 3;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  bopts o;
+  if (parse(&o, argc, argv)) {
+    fprintf(stderr, "usage: %s [--nproc W] [--ddp 0|1] [--batch B] [--threads T] [--steps S] "
+            "[--warmup N] [--bucket-mib X] [--first-mib X] [--comm f32|fp16|bf16] "
+            "[--no-overlap] [--no-join] [--parts] [--layers a,b,..] [--label L]\n", argv[0]);
+    return 2;
+  }
+  char dir[64] = "/tmp/dg_ddp_bench_XXXXXX";
+  if (!mkdtemp(dir)) return 1;
+  pid_t pid[64];
+  for (int r = 0; r < o.nproc; r++) {
+    pid[r] = fork();
+    if (pid[r] == 0) _exit(rank_main(r, &o, dir));
+  }
+  int bad = 0;
+  for (int r = 0; r < o.nproc; r++) {
+    int st;
+    waitpid(pid[r], &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+      fprintf(stderr, "ddp_mlp: rank %d failed (status 0x%x)\n", r, st);
+      bad = 1;
+    }
+  }
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd)) bad = 1;
+  return bad;
+}
