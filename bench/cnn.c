@@ -1,0 +1,249 @@
+/* CNN training-step benchmark: the examples/mnist CNN (conv 1->32 3x3 pad 1,
+ * ReLU, maxpool 2, conv 32->64 3x3 pad 1, ReLU, maxpool 2, flatten, linear
+ * 3136->128, ReLU, linear 128->10) on 28x28 inputs, cross-entropy, SGD.
+ *
+ * One step = zero_grad (one memset) + forward + backward + SGD update
+ * (dg_optim_step, lr 0.01, no momentum) + dg_ctx_reset. Data are synthetic:
+ * a fixed random batch and fixed random labels. bench/cnn_torch.py does the
+ * same work in PyTorch; bench/run_cnn.py runs both interleaved.
+ *
+ *   cnn [--batch N] [--threads T] [--steps S] [--warmup W]
+ *
+ * Prints one JSON line:
+ *   {"impl":"dgrad","model":"cnn","batch":..,"threads":..,"steps":..,
+ *    "steps_per_s":..,"peak_rss_mib":..,"heap_allocs_per_step":..,
+ *    "heap_frees_per_step":..,"loss":..}
+ *
+ * Heap allocations are counted by interposing malloc & co. in this binary
+ * (as bench/mlp.c does): every call, from dgrad, OpenBLAS or libc, counts.
+ * The count covers the timed steps only (after warmup). */
+#include <errno.h>
+#include <execinfo.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <dgrad.h>
+
+/* ---- heap-call counting (interposition) ---- */
+
+extern void *__libc_malloc(size_t n);
+extern void *__libc_calloc(size_t n, size_t sz);
+extern void *__libc_realloc(void *p, size_t n);
+extern void *__libc_memalign(size_t align, size_t n);
+extern void __libc_free(void *p);
+
+static uint64_t g_allocs; /* malloc, calloc, realloc, aligned variants */
+static uint64_t g_frees;  /* free of a non-NULL pointer */
+/* CNN_TRACE_ALLOCS=1: print a backtrace (stderr) for every allocation made
+ * during the timed steps, to find who allocates. */
+static int g_trace;
+static __thread int g_in_trace;
+
+static void count_alloc(void) {
+  __atomic_fetch_add(&g_allocs, 1, __ATOMIC_RELAXED);
+  if (__atomic_load_n(&g_trace, __ATOMIC_RELAXED) && !g_in_trace) {
+    void *bt[16];
+    g_in_trace = 1;
+    int n = backtrace(bt, 16);
+    fprintf(stderr, "-- heap allocation during a timed step:\n");
+    backtrace_symbols_fd(bt, n, 2);
+    g_in_trace = 0;
+  }
+}
+
+void *malloc(size_t n) {
+  count_alloc();
+  return __libc_malloc(n);
+}
+
+void *calloc(size_t n, size_t sz) {
+  count_alloc();
+  return __libc_calloc(n, sz);
+}
+
+void *realloc(void *p, size_t n) {
+  count_alloc();
+  return __libc_realloc(p, n);
+}
+
+void free(void *p) {
+  if (p) __atomic_fetch_add(&g_frees, 1, __ATOMIC_RELAXED);
+  __libc_free(p);
+}
+
+void *memalign(size_t align, size_t n);
+void *memalign(size_t align, size_t n) {
+  count_alloc();
+  return __libc_memalign(align, n);
+}
+
+void *aligned_alloc(size_t align, size_t n) {
+  count_alloc();
+  return __libc_memalign(align, n);
+}
+
+int posix_memalign(void **out, size_t align, size_t n) {
+  count_alloc();
+  if (align < sizeof(void *) || (align & (align - 1))) return EINVAL;
+  void *p = __libc_memalign(align, n);
+  if (!p && n) return ENOMEM;
+  *out = p;
+  return 0;
+}
+
+static uint64_t allocs_now(void) { return __atomic_load_n(&g_allocs, __ATOMIC_RELAXED); }
+static uint64_t frees_now(void) { return __atomic_load_n(&g_frees, __ATOMIC_RELAXED); }
+
+/* ---- model ---- */
+
+static int add(dg_module *seq, int rc, dg_module **m) {
+  if (rc) return rc;
+  rc = dg_sequential_add(seq, *m, NULL);
+  if (rc) dg_module_free(*m);
+  return rc;
+}
+
+static int build_cnn(dg_module **out) {
+  dg_module *seq, *m = NULL;
+  int rc = dg_nn_sequential(&seq);
+  if (rc) return rc;
+  rc = add(seq, dg_nn_conv2d(&m, 1, 32, 3, 1, 1, 1), &m);
+  if (!rc) rc = add(seq, dg_nn_relu(&m), &m);
+  if (!rc) rc = add(seq, dg_nn_maxpool2d(&m, 2, 2), &m);
+  if (!rc) rc = add(seq, dg_nn_conv2d(&m, 32, 64, 3, 1, 1, 1), &m);
+  if (!rc) rc = add(seq, dg_nn_relu(&m), &m);
+  if (!rc) rc = add(seq, dg_nn_maxpool2d(&m, 2, 2), &m);
+  if (!rc) rc = add(seq, dg_nn_flatten(&m), &m);
+  if (!rc) rc = add(seq, dg_nn_linear(&m, 3136, 128, 1), &m);
+  if (!rc) rc = add(seq, dg_nn_relu(&m), &m);
+  if (!rc) rc = add(seq, dg_nn_linear(&m, 128, 10, 1), &m);
+  if (rc) dg_module_free(seq);
+  else *out = seq;
+  return rc;
+}
+
+/* One training step. x (B, 1, 28, 28) f32, y (B) i64 are caller memory.
+ * Returns the loss, or NAN on error (message printed). */
+static float step(dg_ctx *ctx, dg_module *net, dg_params *ps, dg_optim *opt, float *x,
+                  int64_t *y, int64_t B) {
+  int64_t xs[4] = {B, 1, 28, 28};
+  dg_params_zero_grad(ps);
+  dg_tensor *h = dg_module_forward(net, ctx, dg_wrap(ctx, DG_F32, 4, xs, x));
+  dg_tensor *loss = dg_cross_entropy(ctx, h, dg_wrap(ctx, DG_I64, 1, &B, y));
+  if (!loss || dg_backward(ctx, loss) || dg_optim_step(opt)) {
+    fprintf(stderr, "cnn: step failed: %s\n", dg_errmsg(ctx));
+    return NAN;
+  }
+  float lv = dg_tensor_item(loss);
+  dg_ctx_reset(ctx);
+  return lv;
+}
+
+/* ---- driver ---- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static long arg_long(int argc, char **argv, int *i) {
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "cnn: %s needs a value\n", argv[*i]);
+    exit(2);
+  }
+  char *end;
+  long v = strtol(argv[++*i], &end, 10);
+  if (*end || v < 0) {
+    fprintf(stderr, "cnn: bad value for %s: %s\n", argv[*i - 1], argv[*i]);
+    exit(2);
+  }
+  return v;
+}
+
+static void synth_batch(float *x, int64_t *y, long batch) {
+  dg_rng_normal(42, 0, x, (size_t)batch * 784);
+  float u[4096];
+  for (long i = 0; i < batch; i += 4096) {
+    long k = batch - i < 4096 ? batch - i : 4096;
+    dg_rng_uniform(43, (uint64_t)i, u, (size_t)k);
+    for (long j = 0; j < k; j++) y[i + j] = u[j] >= 1.0f ? 9 : (int64_t)(u[j] * 10.0f);
+  }
+}
+
+int main(int argc, char **argv) {
+  long batch = 64, threads = 1, steps = 50, warmup = 5;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i);
+    else {
+      fprintf(stderr, "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (batch < 1 || threads < 1 || steps < 1) {
+    fprintf(stderr, "cnn: batch, threads and steps must be >= 1\n");
+    return 2;
+  }
+  if (warmup < 2) warmup = 2; /* the arena settles after its first step */
+  dg_set_num_threads((int)threads);
+
+  dg_ctx *ctx = NULL;
+  dg_params *ps = NULL;
+  dg_module *net = NULL;
+  dg_optim *opt = NULL;
+  dg_sgd_opts so = dg_sgd_defaults();
+  so.lr = 0.01f;
+  int rc = dg_ctx_new(&ctx, NULL);
+  if (!rc) rc = dg_params_new(&ps);
+  if (!rc) rc = build_cnn(&net);
+  if (!rc) rc = dg_module_bind(net, ps, "layers", 1234);
+  if (!rc) rc = dg_optim_sgd_new(&opt, ps, &so);
+  float *x = malloc((size_t)batch * 784 * sizeof *x);
+  int64_t *y = malloc((size_t)batch * sizeof *y);
+  if (rc || !x || !y) {
+    fprintf(stderr, "cnn: setup failed: %s\n", dg_strerror(rc ? rc : DG_ENOMEM));
+    return 1;
+  }
+  synth_batch(x, y, batch);
+
+  float loss = 0;
+  for (long s = 0; s < warmup; s++)
+    if (isnan(loss = step(ctx, net, ps, opt, x, y, batch))) return 1;
+  const char *tr = getenv("CNN_TRACE_ALLOCS");
+  if (tr && *tr && *tr != '0') {
+    void *bt[2];
+    backtrace(bt, 2); /* loads libgcc now, not inside the window */
+    __atomic_store_n(&g_trace, 1, __ATOMIC_RELAXED);
+  }
+  uint64_t a0 = allocs_now(), f0 = frees_now();
+  double t0 = now_s();
+  for (long s = 0; s < steps; s++)
+    if (isnan(loss = step(ctx, net, ps, opt, x, y, batch))) return 1;
+  double dt = now_s() - t0;
+  uint64_t a1 = allocs_now(), f1 = frees_now();
+  __atomic_store_n(&g_trace, 0, __ATOMIC_RELAXED);
+
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  printf("{\"impl\":\"dgrad\",\"model\":\"cnn\",\"batch\":%ld,\"threads\":%ld,\"steps\":%ld,"
+         "\"steps_per_s\":%.3f,\"peak_rss_mib\":%.1f,\"heap_allocs_per_step\":%.3g,"
+         "\"heap_frees_per_step\":%.3g,\"loss\":%.5f}\n",
+         batch, threads, steps, (double)steps / dt, (double)ru.ru_maxrss / 1024.0,
+         (double)(a1 - a0) / (double)steps, (double)(f1 - f0) / (double)steps, (double)loss);
+  fflush(stdout);
+  dg_optim_free(opt);
+  dg_module_free(net);
+  dg_params_free(ps);
+  dg_ctx_free(ctx);
+  free(x);
+  free(y);
+  return 0;
+}
