@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""Runs the DDP benchmarks (bench/ddp/ddp_mlp.c and ddp_mlp_torch.py)
+interleaved, round after round, and prints every JSON line, then medians and
+ratios as JSON lines ("summary": ...).
+
+    /usr/bin/python3 bench/ddp/run_ddp.py [--build-dir build-ddp] [--runs 5]
+        [--part scaling|sweep|overlap|all] [--steps 200]
+
+scaling: per round, dgrad 1 rank without DDP, dgrad DDP on 1 rank, dgrad DDP
+         on 2 ranks (1 thread each), torch 1 rank without DDP, torch DDP
+         (gloo) on 2 ranks; scaling efficiency = samples/s(2 ranks) /
+         (2 * samples/s(1 rank, no DDP)), same implementation.
+sweep:   dgrad DDP on 2 ranks with bucket caps 1, 2, 5, 10, 25, 50, 100 MiB
+         (first bucket min(1 MiB, cap)).
+overlap: inside a private network namespace (unshare -n; loopback only) with
+         loopback slowed by `tc qdisc ... netem rate R`, DDP on 2 ranks with
+         and without overlap, plus compute alone and communication alone
+         (--parts), for the MLP and a deeper MLP whose gradients become ready
+         layer by layer. Needs root (or user namespaces) and tc.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TORCH_PY = "/usr/bin/python3"
+
+
+def run(cmd, env=None):
+    e = dict(os.environ)
+    e["OPENBLAS_NUM_THREADS"] = "1"
+    e.update(env or {})
+    p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
+    if p.returncode != 0:
+        sys.stderr.write("failed (%d): %s\n%s\n" % (p.returncode, " ".join(cmd), p.stderr[-2000:]))
+        return None
+    line = [l for l in p.stdout.splitlines() if l.startswith("{")][-1]
+    print(line, flush=True)
+    return json.loads(line)
+
+
+def med(rows, key):
+    vals = [r[key] for r in rows if r]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def summary(obj):
+    print(json.dumps({"summary": obj}), flush=True)
+
+
+def scaling(a, exe):
+    st = ["--steps", str(a.steps), "--warmup", "20"]
+    cases = {
+        "dgrad_1_noddp": [exe, "--ddp", "0"] + st,
+        "dgrad_1_ddp": [exe, "--ddp", "1"] + st,
+        "dgrad_2_ddp": [exe, "--nproc", "2"] + st,
+        "dgrad_2_ddp_nojoin": [exe, "--nproc", "2", "--no-join"] + st,
+        "torch_1_noddp": [TORCH_PY, os.path.join(HERE, "ddp_mlp_torch.py"), "--ddp", "0"] + st,
+        "torch_2_ddp": [TORCH_PY, os.path.join(HERE, "ddp_mlp_torch.py"), "--nproc", "2"] + st,
+    }
+    res = {k: [] for k in cases}
+    for _ in range(a.runs):
+        for k, c in cases.items():
+            res[k].append(run(c))
+    m = {k: med(v, "samples_per_s") for k, v in res.items()}
+    ms = {k: med(v, "step_ms") for k, v in res.items()}
+    summary({"part": "scaling", "runs": a.runs, "median_samples_per_s": m, "median_step_ms": ms,
+             "dgrad_scaling_eff": m["dgrad_2_ddp"] / (2 * m["dgrad_1_noddp"]),
+             "dgrad_scaling_eff_nojoin": m["dgrad_2_ddp_nojoin"] / (2 * m["dgrad_1_noddp"]),
+             "torch_scaling_eff": m["torch_2_ddp"] / (2 * m["torch_1_noddp"]),
+             "dgrad_over_torch_ddp": m["dgrad_2_ddp"] / m["torch_2_ddp"],
+             "ddp_1rank_overhead": ms["dgrad_1_ddp"] / ms["dgrad_1_noddp"] - 1})
+
+
+def sweep(a, exe):
+    caps = [1, 2, 5, 10, 25, 50, 100]
+    res = {c: [] for c in caps}
+    for _ in range(a.runs):
+        for c in caps:
+            res[c].append(run([exe, "--nproc", "2", "--steps", str(a.steps), "--bucket-mib",
+                               str(c), "--first-mib", str(min(1, c)), "--label", "sweep"]))
+    summary({"part": "sweep", "runs": a.runs,
+             "median_samples_per_s": {str(c): med(res[c], "samples_per_s") for c in caps},
+             "nbuckets": {str(c): med(res[c], "nbuckets") for c in caps}})
+
+
+def netns(rate, cmd):
+    sh = ("ip link set lo up && tc qdisc add dev lo root netem rate %s && exec %s"
+          % (rate, " ".join(cmd)))
+    return ["unshare", "-n", "sh", "-c", sh]
+
+
+def overlap(a, exe):
+    models = [("mlp", "784,512,256,10", "1"), ("deep", "784,1024,1024,1024,1024,1024,10", "1")]
+    for name, layers, cap in models:
+        rate = a.rate_mlp if name == "mlp" else a.rate_deep
+        res = {"overlap": [], "no_overlap": []}
+        for _ in range(a.runs):
+            for k in res:
+                c = [exe, "--nproc", "2", "--steps", str(a.steps // 2), "--layers", layers,
+                     "--bucket-mib", cap, "--first-mib", cap, "--parts", "--label",
+                     "%s@%s" % (name, rate)]
+                if k == "no_overlap":
+                    c.append("--no-overlap")
+                res[k].append(run(netns(rate, c)))
+        o, n = res["overlap"], res["no_overlap"]
+        summary({"part": "overlap", "model": name, "layers": layers, "rate": rate,
+                 "runs": a.runs, "compute_ms": med(o + n, "compute_ms"),
+                 "comm_ms": med(o + n, "comm_ms"),
+                 "step_ms_overlap": med(o, "step_ms"), "step_ms_no_overlap": med(n, "step_ms"),
+                 "wait_ms_overlap": med(o, "wait_ms"), "wait_ms_no_overlap": med(n, "wait_ms"),
+                 "overlap_step_over_max": med(o, "step_over_max"),
+                 "no_overlap_step_over_sum": med(n, "step_over_sum")})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build-dir", default="build-ddp")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--part", default="all")
+    ap.add_argument("--rate-mlp", default="3gbit")
+    ap.add_argument("--rate-deep", default="3gbit")
+    a = ap.parse_args()
+    exe = os.path.join(ROOT, a.build_dir, "bench", "ddp", "ddp_mlp")
+    if not os.path.exists(exe):
+        sys.exit("build first: ninja -C %s bench/ddp/ddp_mlp" % a.build_dir)
+    if a.part in ("scaling", "all"):
+        scaling(a, exe)
+    if a.part in ("sweep", "all"):
+        sweep(a, exe)
+    if a.part in ("overlap", "all"):
+        overlap(a, exe)
+
+
+if __name__ == "__main__":
+    main()
