@@ -94,7 +94,31 @@ typedef struct {
   int ndgrad;
   char *err;
   size_t cap;
+  char **hosts;     /* (size) hostnames of dgrad peers */
+  uint64_t *probe;  /* (size) their cross-memory-attach probe addresses */
 } check_ctx;
+
+const uint64_t *dg__cma_probe(void);
+
+/* "dgrad_host/<r>" = "<hostname> <pid> <probe address>": lets dgrad ranks
+ * on one host read each other's buffers (coll_cma.c). */
+static void read_host(check_ctx *cc, int peer) {
+  char key[48];
+  void *v = NULL;
+  size_t n = 0;
+  snprintf(key, sizeof key, "dgrad_host/%d", peer);
+  if (dg_store_get(cc->pg->k_grp, key, &v, &n, 0) != DG_OK) return;
+  char s[512], host[300];
+  int pid = 0;
+  unsigned long long probe = 0;
+  snprintf(s, sizeof s, "%.*s", (int)DG_MIN(n, sizeof s - 1), (char *)v);
+  dg_store_value_free(v);
+  if (sscanf(s, "%299s %d %llx", host, &pid, &probe) == 3) {
+    cc->hosts[peer] = dg__strdup(host);
+    cc->pg->pids[peer] = pid;
+    cc->probe[peer] = probe;
+  }
+}
 
 /* Called once peer i's addresses are published: a dgrad peer published its
  * info before them, so its absence means a non-dgrad (torch/libgloo) rank. */
@@ -105,10 +129,10 @@ static int check_peer(void *arg, int peer) {
   snprintf(mine, sizeof mine, INFO_FMT, dg_version(), cc->pg->size);
   int present = 0;
   const char *k = key;
-  if (dg_store_check(cc->pg->k_grp, &k, 1, &present) != DG_OK || !present) return DG_OK;
+  if (dg_store_check(cc->pg->k_grp, &k, 1, &present) != DG_OK || !present) return 0;
   void *v = NULL;
   size_t n = 0;
-  if (dg_store_get(cc->pg->k_grp, key, &v, &n, 0) != DG_OK) return DG_OK;
+  if (dg_store_get(cc->pg->k_grp, key, &v, &n, 0) != DG_OK) return 0;
   char theirs[64];
   snprintf(theirs, sizeof theirs, "%.*s", (int)DG_MIN(n, sizeof theirs - 1), (char *)v);
   dg_store_value_free(v);
@@ -117,7 +141,8 @@ static int check_peer(void *arg, int peer) {
                 "rank %d runs \"%s\" but rank %d runs \"%s\": versions and world sizes must "
                 "match", cc->pg->rank, mine, peer, theirs);
   cc->ndgrad++;
-  return DG_OK;
+  read_host(cc, peer);
+  return 1;
 }
 
 /* torch's _store_based_barrier after init: ADD 1, then poll ADD 0 every
@@ -172,6 +197,9 @@ static int make_stores(dg_pg *pg, dg_store *base, const char *group) {
 int dg__pg_start_worker(dg_pg *pg);
 void dg__pg_stop_worker(dg_pg *pg);
 
+static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_storage *bind,
+                             check_ctx *cc, char *err, size_t cap);
+
 static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) {
   struct sockaddr_storage bind;
   int rc = pick_addr(o, &bind, err, cap);
@@ -181,16 +209,22 @@ static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) 
   snprintf(info, sizeof info, INFO_FMT, dg_version(), pg->size);
   if ((rc = dg_store_set(pg->k_grp, key, info, strlen(info))) != DG_OK)
     return fail(err, cap, rc, "publishing version: %s", dg_store_errmsg(pg->k_grp));
-  check_ctx cc = {pg, 0, err, cap};
-  dg_xport_opts xo = {.rank = pg->rank, .size = pg->size, .store = pg->k_dev,
-                      .timeout_ms = pg->timeout_ms, .bind_addr = &bind,
-                      .check = check_peer, .check_arg = &cc};
-  const char *be = o->backend ? o->backend : getenv("DG_BACKEND");
-  if (be && *be && strcmp(be, "tcp") != 0)
-    return fail(err, cap, DG_EUNSUPPORTED, "backend \"%s\" is not available (have: tcp)", be);
-  if ((rc = dg__tcp_xport_new(&pg->x, &xo, err, cap)) != DG_OK) return rc;
-  pg->all_dgrad = cc.ndgrad == pg->size - 1;
-  pg->x->all_dgrad = pg->all_dgrad;
+  char hk[48], hv[512], host[256] = "";
+  gethostname(host, sizeof host - 1);
+  snprintf(hk, sizeof hk, "dgrad_host/%d", pg->rank);
+  snprintf(hv, sizeof hv, "%s %d %llx", host, (int)getpid(),
+           (unsigned long long)(uintptr_t)dg__cma_probe());
+  if ((rc = dg_store_set(pg->k_grp, hk, hv, strlen(hv))) != DG_OK)
+    return fail(err, cap, rc, "publishing host: %s", dg_store_errmsg(pg->k_grp));
+  check_ctx cc = {pg, 0, err, cap, dg__calloc((size_t)pg->size, sizeof(char *)),
+                  dg__calloc((size_t)pg->size, sizeof(uint64_t))};
+  pg->pids = dg__calloc((size_t)pg->size, sizeof(int));
+  if (!cc.hosts || !cc.probe || !pg->pids) rc = DG_ENOMEM;
+  if (rc == DG_OK) rc = connect_transport(pg, o, &bind, &cc, err, cap);
+  for (int i = 0; cc.hosts && i < pg->size; i++) dg__free(cc.hosts[i]);
+  dg__free(cc.hosts);
+  dg__free(cc.probe);
+  if (rc != DG_OK) return rc;
   if (pg->torch_rdzv && (rc = store_barrier(pg, err, cap)) != DG_OK) return rc;
   if (pg->torch_rdzv && (rc = seq_handshake(pg, err, cap)) != DG_OK) return rc;
   DG_LOGI("dist: rank %d of %d connected (%s)", pg->rank, pg->size,
@@ -198,10 +232,27 @@ static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) 
   return dg__pg_start_worker(pg);
 }
 
+static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_storage *bind,
+                             check_ctx *cc, char *err, size_t cap) {
+  int rc;
+  dg_xport_opts xo = {.rank = pg->rank, .size = pg->size, .store = pg->k_dev,
+                      .timeout_ms = pg->timeout_ms, .bind_addr = bind,
+                      .check = check_peer, .check_arg = cc};
+  const char *be = o->backend ? o->backend : getenv("DG_BACKEND");
+  if (be && *be && strcmp(be, "tcp") != 0)
+    return fail(err, cap, DG_EUNSUPPORTED, "backend \"%s\" is not available (have: tcp)", be);
+  if ((rc = dg__tcp_xport_new(&pg->x, &xo, err, cap)) != DG_OK) return rc;
+  pg->all_dgrad = pg->x->all_dgrad;
+  if (pg->all_dgrad && (rc = dg__cma_setup(pg, cc->probe, (const char *const *)cc->hosts)))
+    return fail(err, cap, rc, "%s", pg->err);
+  return DG_OK;
+}
+
 static void pg_destroy(dg_pg *pg) {
   dg__pg_stop_worker(pg);
   if (pg->x) pg->x->vt->destroy(pg->x);
   dg__free(pg->scratch);
+  dg__free(pg->pids);
   dg_store_free(pg->s_dev);
   dg_store_free(pg->s_grp);
   dg_store_free(pg->s_pg);
@@ -321,8 +372,9 @@ const char *dg_pg_errmsg(const dg_pg *pg) {
 }
 
 int dg_pg_set_algo(dg_pg *pg, dg_algo algo) {
-  if (!pg || algo < DG_ALGO_AUTO || algo > DG_ALGO_DIRECT) return DG_EINVAL;
+  if (!pg || algo < DG_ALGO_AUTO || algo > DG_ALGO_CMA) return DG_EINVAL;
   if (!pg->all_dgrad && algo != DG_ALGO_AUTO && algo != DG_ALGO_RING) return DG_EUNSUPPORTED;
+  if (algo == DG_ALGO_CMA && !pg->cma) return DG_EUNSUPPORTED;
   pthread_mutex_lock(&pg->mu);
   pg->algo = algo;
   pthread_mutex_unlock(&pg->mu);

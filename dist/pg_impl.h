@@ -53,6 +53,8 @@ struct dg_pg {
   dg_store *s_pg, *s_grp, *s_dev; /* owned "default_pg", "<group>", "0" prefixes */
   dg_store *k_grp, *k_dev;        /* where group / Gloo keys go (may be the base) */
   int torch_rdzv;
+  int cma;   /* every rank on this host and process_vm_readv works both ways */
+  int *pids; /* (size) process ids of dgrad peers */
   dg_xport *x;
   pthread_mutex_t mu;
   pthread_cond_t qcv, dcv; /* work queued / work done */
@@ -108,6 +110,9 @@ int dg__gloo_allgather(dg_coll *c, const void *in, void *out, size_t bytes);
 /* coll_fast.c: dgrad-only algorithms (every rank runs dgrad). */
 int dg__allreduce_rd(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
 int dg__allreduce_direct(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
+int dg__allreduce_cma(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
+/* Agrees on cross-memory attach at init (every rank probed every peer). */
+int dg__cma_setup(dg_pg *pg, const uint64_t *probe_addr, const char *const *hosts);
 int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_dtype dt,
                        dg_redop op);
 

@@ -98,13 +98,17 @@ static int run_allreduce(dg_coll *c, dg_work *w) {
   size_t bytes = w->count * dg_dtype_size(w->dt);
   dg_algo a = w->algo;
   if (!c->pg->all_dgrad) a = DG_ALGO_RING;
-  if (a == DG_ALGO_AUTO) a = bytes <= SMALL_BYTES ? DG_ALGO_HALVING_DOUBLING : DG_ALGO_DIRECT;
+  if (a == DG_ALGO_AUTO)
+    a = bytes <= SMALL_BYTES ? DG_ALGO_HALVING_DOUBLING
+        : c->pg->cma        ? DG_ALGO_CMA
+                            : DG_ALGO_DIRECT;
   c->slot = slot_of(DG_SLOT_ALLREDUCE, w->tag);
   c->eager = a != DG_ALGO_RING;
   int rc;
   if (c->size == 1 || w->count == 0) rc = DG_OK;
   else if (a == DG_ALGO_RING) rc = dg__gloo_allreduce_ring(c, w->buf, w->count, w->dt, w->op);
   else if (a == DG_ALGO_HALVING_DOUBLING) rc = dg__allreduce_rd(c, w->buf, w->count, w->dt, w->op);
+  else if (a == DG_ALGO_CMA && c->pg->cma) rc = dg__allreduce_cma(c, w->buf, w->count, w->dt, w->op);
   else rc = dg__allreduce_direct(c, w->buf, w->count, w->dt, w->op);
   if (rc == DG_OK && w->op == DG_RED_AVG) dg__scale_div(w->buf, w->count, w->dt, c->size);
   return rc;

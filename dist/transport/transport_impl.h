@@ -65,7 +65,9 @@ struct dg_xport {
 };
 
 /* Called by a transport's rendezvous once peer i's address is published and
- * before it is used: lets the process group compare versions. */
+ * before it is used: lets the process group compare versions. Returns 1 for
+ * a dgrad peer, 0 for another (torch, libgloo), or a negative code. The
+ * transport knows whether all ranks run dgrad before it reads a byte. */
 typedef int (*dg_peer_check_fn)(void *arg, int peer);
 
 typedef struct {

@@ -33,7 +33,7 @@ static void check_sum(dg_pg *pg, dg_dtype dt, size_t n, dg_algo algo) {
   size_t es = dg_dtype_size(dt);
   void *b = malloc(n * es + 1);
   for (size_t i = 0; i < n; i++) put_val(b, dt, i, r + (double)(i % 7));
-  dg_pg_set_algo(pg, algo);
+  TCHECK(dg_pg_set_algo(pg, algo) == DG_OK, "set_algo %d", algo);
   int rc = dg_pg_allreduce_sync(pg, b, n, dt, DG_RED_SUM);
   TCHECK(rc == DG_OK, "allreduce W=%d n=%zu %s algo %d: %s (%s)", W, n, dg_dtype_name(dt), algo,
          dg_err_name(rc), dg_pg_errmsg(pg));
@@ -132,6 +132,7 @@ static void *rank_main(void *p) {
         check_sum(pg, dtypes[d], sizes[s], DG_ALGO_RING);
         check_sum(pg, dtypes[d], sizes[s], DG_ALGO_HALVING_DOUBLING);
         check_sum(pg, dtypes[d], sizes[s], DG_ALGO_DIRECT);
+        if (W > 1) check_sum(pg, dtypes[d], sizes[s], DG_ALGO_CMA);
       }
     }
   dg_pg_set_algo(pg, DG_ALGO_AUTO);

@@ -18,6 +18,7 @@ typedef struct {
   int lfd;     /* our listener for this pair (-1 once closed) */
   int fd;      /* connected socket, or the one being connected */
   int dialing; /* this side connects */
+  int dgrad;   /* the peer runs dgrad */
   struct sockaddr_storage self, peer;
 } conn_t;
 
@@ -122,10 +123,12 @@ static int start_pair(const dg_xport_opts *o, int i, conn_t *c, char *err, size_
              dg_store_errmsg(o->store));
     return rc;
   }
-  if (o->check && (rc = o->check(o->check_arg, i)) != DG_OK) {
+  int dg = o->check ? o->check(o->check_arg, i) : 0;
+  if (dg < 0) {
     dg_store_value_free(v);
-    return rc;
+    return dg;
   }
+  c->dgrad = dg;
   size_t idx = (size_t)(o->rank > i ? o->rank - 1 : o->rank);
   if (n != (size_t)(o->size - 1) * DG_TCP_BLOB || blob_to_addr((unsigned char *)v + idx * DG_TCP_BLOB, &c->peer) < 0) {
     snprintf(err, cap, "rendezvous: rank %d published %zu bytes of addresses, expected %d "
@@ -218,7 +221,9 @@ int dg__tcp_rendezvous(dg_tcp_xport *x, const dg_xport_opts *o, char *err, size_
   for (int i = 0; i < W && rc == DG_OK; i++)
     if (i != o->rank) rc = start_pair(o, i, &c[i], err, cap);
   if (rc == DG_OK) rc = finish_pairs(o, c, dg__deadline(0, 5 * o->timeout_ms), err, cap);
+  x->base.all_dgrad = 1;
   for (int i = 0; i < W; i++) {
+    if (i != o->rank && !c[i].dgrad) x->base.all_dgrad = 0;
     if (c[i].lfd >= 0) close(c[i].lfd);
     if (i == o->rank) continue;
     if (rc == DG_OK) {
