@@ -53,6 +53,11 @@ int dg__ddp_build_buckets(dg_ddp *d, int ascending) {
     }
     size_t lo = dg_params_offset(d->ps, i);
     size_t hi = lo + (size_t)dg_tensor_numel(dg_params_get(d->ps, i));
+    size_t capk = d->nb == 0 ? cap0 : cap;
+    /* a parameter that would overflow a non-empty bucket starts the next one,
+     * so a small first bucket is not swallowed by a large parameter */
+    if (open && (DG_MAX(cur.hi, hi) - DG_MIN(cur.lo, lo)) * sizeof(float) > capk)
+      close_bucket(d, &cur, &open);
     if (!open) {
       cur = (dg__ddp_bucket){.lo = lo, .hi = hi, .first = i};
       open = 1;
@@ -62,7 +67,7 @@ int dg__ddp_build_buckets(dg_ddp *d, int ascending) {
     cur.nparams++;
     d->pbucket[i] = d->nb;
     if ((cur.hi - cur.lo) * sizeof(float) >= (d->nb == 0 ? cap0 : cap))
-      close_bucket(d, &cur, &open);
+      close_bucket(d, &cur, &open); /* full */
   }
   close_bucket(d, &cur, &open);
   dg__free(idx);

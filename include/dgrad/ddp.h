@@ -22,9 +22,9 @@
  * differing parameter and the two ranks.
  *
  * Buckets. Trainable parameters are grouped into buckets of at most
- * bucket_cap_bytes (the first bucket first_bucket_bytes; a bucket closes once
- * it reaches its cap, so one large parameter makes a bucket of its own), in
- * reverse registration order. A bucket is a contiguous slice of the store's
+ * bucket_cap_bytes (the first bucket first_bucket_bytes; a parameter that
+ * would overflow a non-empty bucket starts the next one, so a parameter larger
+ * than the cap gets a bucket of its own), in reverse registration order. A bucket is a contiguous slice of the store's
  * flat gradient buffer: gradients are views into bucket memory and nothing is
  * copied. At the end of the first synchronising backward the store is re-laid
  * out (dg_params_relayout) in the order gradients became ready on rank 0 and
