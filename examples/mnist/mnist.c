@@ -104,24 +104,31 @@ static int build_model(const char *kind, dg_module **out) {
   return rc;
 }
 
-static int build_optim(const mnist_opts *o, dg_params *ps, dg_optim **out) {
+/* Builds the optimizer and describes its hyper-parameters in hp (saved in
+ * checkpoints as "optim_hparams"). */
+static int build_optim(const mnist_opts *o, dg_params *ps, dg_optim **out, char *hp,
+                       size_t cap) {
   if (!strcmp(o->optim, "sgd")) {
     dg_sgd_opts s = dg_sgd_defaults();
     s.lr = o->lr, s.momentum = 0.9f;
+    snprintf(hp, cap, "lr=%g momentum=%g dampening=%g nesterov=%d weight_decay=%g",
+             (double)s.lr, (double)s.momentum, (double)s.dampening, s.nesterov,
+             (double)s.weight_decay);
     return dg_optim_sgd_new(out, ps, &s);
   }
-  if (!strcmp(o->optim, "adamw")) {
-    dg_adamw_opts a = dg_adamw_defaults();
+  if (!strcmp(o->optim, "adamw") || !strcmp(o->optim, "lamb")) {
+    int adamw = !strcmp(o->optim, "adamw");
+    dg_adamw_opts a = adamw ? dg_adamw_defaults() : dg_lamb_defaults();
     a.lr = o->lr;
-    return dg_optim_adamw_new(out, ps, &a);
-  }
-  if (!strcmp(o->optim, "lamb")) {
-    dg_lamb_opts a = dg_lamb_defaults();
-    a.lr = o->lr;
-    return dg_optim_lamb_new(out, ps, &a);
+    snprintf(hp, cap, "lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g", (double)a.lr,
+             (double)a.beta1, (double)a.beta2, (double)a.eps, (double)a.weight_decay);
+    return adamw ? dg_optim_adamw_new(out, ps, &a) : dg_optim_lamb_new(out, ps, &a);
   }
   dg_lars_opts l = dg_lars_defaults();
   l.lr = o->lr;
+  snprintf(hp, cap, "lr=%g momentum=%g weight_decay=%g trust_coef=%g eps=%g adapt_1d=%d",
+           (double)l.lr, (double)l.momentum, (double)l.weight_decay, (double)l.trust_coef,
+           (double)l.eps, l.adapt_1d);
   return dg_optim_lars_new(out, ps, &l);
 }
 
@@ -140,6 +147,7 @@ typedef struct {
   dg_pg *pg;       /* NULL on one process */
   dg_ddp *ddp;
   dg_lr_schedule sched;
+  char hparams[256]; /* optimizer hyper-parameters, for checkpoints */
   int64_t step;    /* global steps taken */
   FILE *loss_log;
   uint64_t steady_allocs;
@@ -189,7 +197,7 @@ static int trainer_init(trainer *t) {
   if ((rc = dg_ctx_new(&t->ctx, &co)) || (rc = dg_params_new(&t->ps)) ||
       (rc = build_model(t->o.model, &t->net)) ||
       (rc = dg_module_bind(t->net, t->ps, "layers", t->o.seed)) ||
-      (rc = build_optim(&t->o, t->ps, &t->opt))) {
+      (rc = build_optim(&t->o, t->ps, &t->opt, t->hparams, sizeof t->hparams))) {
     fprintf(stderr, "mnist: cannot build the %s model / %s optimizer: %s\n", t->o.model,
             t->o.optim, dg_strerror(rc));
     return rc;
@@ -231,9 +239,14 @@ static int save(trainer *t, const char *why) {
   snprintf(batch, sizeof batch, "%d", t->o.batch);
   snprintf(lr, sizeof lr, "%.9g", (double)t->o.lr);
   snprintf(seed, sizeof seed, "%" PRIu64, t->o.seed);
-  const char *keys[] = {"model", "optim_kind", "batch", "lr", "seed", "data"};
-  const char *vals[] = {t->o.model, t->o.optim, batch, lr, seed, t->o.data};
-  dg_checkpoint c = {t->ps, t->opt, t->ctx, t->loader, t->step, 6, keys, vals};
+  const char *keys[] = {"model", "optim_kind", "optim_hparams", "schedule", "batch",
+                        "base_lr", "seed", "world_size", "data"};
+  char world[16];
+  snprintf(world, sizeof world, "%d", t->world);
+  const char *vals[] = {t->o.model, t->o.optim, t->hparams,
+                        t->o.cosine ? "cosine" : "constant", batch, lr, seed, world,
+                        t->o.data};
+  dg_checkpoint c = {t->ps, t->opt, t->ctx, t->loader, t->step, 9, keys, vals};
   int rc = dg_checkpoint_save(t->o.checkpoint, &c, err, sizeof err);
   if (rc) fprintf(stderr, "mnist: checkpoint: %s\n", err);
   else printf("checkpoint %s saved at step %" PRId64 " (%s)\n", t->o.checkpoint, t->step, why);
