@@ -5,7 +5,10 @@
  *   ddp_mlp [--nproc W] [--ddp 0|1] [--batch B] [--threads T] [--steps S]
  *           [--warmup N] [--bucket-mib X] [--first-mib X] [--comm f32|fp16|bf16]
  *           [--no-overlap] [--no-join] [--layers 784,512,256,10]
- *           [--parts] [--label TEXT]
+ *           [--parts] [--ring] [--label TEXT]
+ *
+ * --ring forces Gloo's ring over the TCP sockets (no shared-memory path
+ * between local ranks), so that a slowed loopback slows the all-reduce.
  *
  * --ddp 0 runs the same loop without DDP (W must be 1): the overhead baseline.
  * --parts also times, on every rank, compute alone (forward + backward + SGD
@@ -30,7 +33,7 @@
 #define MAXL 8
 
 typedef struct {
-  int nproc, ddp, threads, no_overlap, no_join, parts, nl;
+  int nproc, ddp, threads, no_overlap, no_join, parts, nl, ring;
   long batch, steps, warmup;
   double bucket_mib, first_mib;
   const char *comm, *label;
@@ -142,6 +145,7 @@ static int make_pg(int r, const bopts *o, const char *dir, dg_store **st, dg_pg 
   po.timeout_ms = 60000;
   char err[256] = "";
   if (!rc) rc = dg_pg_new_ex(pg, &po, err, sizeof err);
+  if (!rc && o->ring) rc = dg_pg_set_algo(*pg, DG_ALGO_RING);
   if (rc) fprintf(stderr, "ddp_mlp: rank %d: group: %s %s\n", r, dg_strerror(rc), err);
   return rc;
 }
@@ -259,6 +263,7 @@ static int parse(bopts *o, int argc, char **argv) {
     if (!strcmp(a, "--no-overlap")) o->no_overlap = 1;
     else if (!strcmp(a, "--no-join")) o->no_join = 1;
     else if (!strcmp(a, "--parts")) o->parts = 1;
+    else if (!strcmp(a, "--ring")) o->ring = 1; /* sockets even between local ranks */
     else if (!v) return -1;
     else if (!strcmp(a, "--nproc")) o->nproc = atoi(v), i++;
     else if (!strcmp(a, "--ddp")) o->ddp = atoi(v), i++;

@@ -13,7 +13,7 @@ scaling: per round, dgrad 1 rank without DDP, dgrad DDP on 1 rank, dgrad DDP
 sweep:   dgrad DDP on 2 ranks with bucket caps 1, 2, 5, 10, 25, 50, 100 MiB
          (first bucket min(1 MiB, cap)).
 overlap: inside a private network namespace (unshare -n; loopback only) with
-         loopback slowed by `tc qdisc ... netem rate R`, DDP on 2 ranks with
+         loopback slowed by `tc qdisc ... tbf rate R`, DDP on 2 ranks with
          and without overlap, plus compute alone and communication alone
          (--parts), for the MLP and a deeper MLP whose gradients become ready
          layer by layer. Needs root (or user namespaces) and tc.
@@ -89,8 +89,9 @@ def sweep(a, exe):
 
 
 def netns(rate, cmd):
-    sh = ("ip link set lo up && tc qdisc add dev lo root netem rate %s && exec %s"
-          % (rate, " ".join(cmd)))
+    # tbf, not netem: sch_netem is often not built; burst must exceed lo's MTU
+    sh = ("ip link set lo up && tc qdisc add dev lo root tbf rate %s burst 512kb latency 50ms"
+          " && exec %s" % (rate, " ".join(cmd)))
     return ["unshare", "-n", "sh", "-c", sh]
 
 
@@ -102,7 +103,7 @@ def overlap(a, exe):
         for _ in range(a.runs):
             for k in res:
                 c = [exe, "--nproc", "2", "--steps", str(a.steps // 2), "--layers", layers,
-                     "--bucket-mib", cap, "--first-mib", cap, "--parts", "--label",
+                     "--bucket-mib", cap, "--first-mib", cap, "--parts", "--ring", "--label",
                      "%s@%s" % (name, rate)]
                 if k == "no_overlap":
                     c.append("--no-overlap")
