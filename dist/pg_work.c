@@ -98,10 +98,12 @@ static int run_allreduce(dg_coll *c, dg_work *w) {
   size_t bytes = w->count * dg_dtype_size(w->dt);
   dg_algo a = w->algo;
   if (!c->pg->all_dgrad) a = DG_ALGO_RING;
+  /* Over TCP alone, Gloo's ring (two segments in flight) beats moving all
+   * blocks at once on loopback; across hosts DIRECT can be forced. */
   if (a == DG_ALGO_AUTO)
     a = bytes <= SMALL_BYTES ? DG_ALGO_HALVING_DOUBLING
         : c->pg->cma        ? DG_ALGO_CMA
-                            : DG_ALGO_DIRECT;
+                            : DG_ALGO_RING;
   c->slot = slot_of(DG_SLOT_ALLREDUCE, w->tag);
   c->eager = a != DG_ALGO_RING;
   int rc;

@@ -13,6 +13,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/uio.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -488,6 +489,8 @@ static int tcp_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
       if (p->out) flush(x, p);
     }
     pthread_mutex_unlock(&x->mu);
+    /* On an oversubscribed machine the peer may need this very core. */
+    sched_yield();
   }
   pthread_mutex_lock(&x->mu);
   while (op->status == DG_XOP_PENDING) {
