@@ -12,11 +12,14 @@
  *
  * Prints one JSON line:
  *   {"impl":"dgrad","model":"gpt","batch":..,"threads":..,"steps":..,
- *    "steps_per_s":..,"tokens_per_s":..,"peak_rss_mib":..,"arena_peak_mib":..,
+ *    "steps_per_s":..,"tokens_per_s":..,"cpu_ms_per_step":..,"peak_rss_mib":..,"arena_peak_mib":..,
  *    "heap_allocs_per_step":..,"heap_frees_per_step":..,"loss":..}
  *
  * Heap allocations are counted by interposing malloc & co. in this binary
- * (as bench/mlp.c), over the timed steps only. GPT_TRACE_ALLOCS=1 prints a
+ * (as bench/mlp.c), over the timed steps only. cpu_ms_per_step is process
+ * CPU time (all threads) per timed step: on a loaded machine it is a steadier
+ * measure of the work than steps_per_s (for 1 thread; with more threads it
+ * also counts OpenBLAS's spinning). GPT_TRACE_ALLOCS=1 prints a
  * backtrace for each. */
 #include <errno.h>
 #include <execinfo.h>
@@ -110,6 +113,13 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* CPU seconds of the whole process (all threads, user + system). */
+static double cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static long arg_long(int argc, char **argv, int *i) {
   if (*i + 1 >= argc) {
     fprintf(stderr, "gpt: %s needs a value\n", argv[*i]);
@@ -197,20 +207,23 @@ int main(int argc, char **argv) {
     __atomic_store_n(&g_trace, 1, __ATOMIC_RELAXED);
   }
   uint64_t a0 = allocs_now(), f0 = frees_now();
+  double c0 = cpu_s();
   double t0 = now_s();
   for (long s = 0; s < steps; s++)
     if (isnan(loss = step(ctx, &m, opt, x, y, batch, context))) return 1;
   double dt = now_s() - t0;
+  double cpu = cpu_s() - c0;
   uint64_t a1 = allocs_now(), f1 = frees_now();
   __atomic_store_n(&g_trace, 0, __ATOMIC_RELAXED);
 
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   printf("{\"impl\":\"dgrad\",\"model\":\"gpt\",\"batch\":%ld,\"threads\":%ld,\"steps\":%ld,"
-         "\"steps_per_s\":%.3f,\"tokens_per_s\":%.0f,\"peak_rss_mib\":%.1f,"
+         "\"steps_per_s\":%.3f,\"tokens_per_s\":%.0f,\"cpu_ms_per_step\":%.2f,\"peak_rss_mib\":%.1f,"
          "\"arena_peak_mib\":%.1f,\"heap_allocs_per_step\":%.3g,\"heap_frees_per_step\":%.3g,"
          "\"loss\":%.5f}\n",
          batch, threads, steps, (double)steps / dt, (double)(steps * (long)n) / dt,
+         1e3 * cpu / (double)steps,
          (double)ru.ru_maxrss / 1024.0, (double)dg_ctx_arena_peak(ctx) / (1024.0 * 1024.0),
          (double)(a1 - a0) / (double)steps, (double)(f1 - f0) / (double)steps, (double)loss);
   fflush(stdout);

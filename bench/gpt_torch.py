@@ -127,15 +127,18 @@ def main():
     for _ in range(a.warmup):
         step()
     t0 = time.perf_counter()
+    c0 = time.process_time()
     for _ in range(a.steps):
         loss = step()
     dt = time.perf_counter() - t0
+    cpu = time.process_time() - c0
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(json.dumps({
         "impl": "torch", "model": "gpt", "batch": a.batch, "threads": a.threads,
         "steps": a.steps, "steps_per_s": round(a.steps / dt, 3),
         "tokens_per_s": round(a.steps * a.batch * a.context / dt),
+        "cpu_ms_per_step": round(1e3 * cpu / a.steps, 2),
         "peak_rss_mib": round(rss, 1), "heap_allocs_per_step": None,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "blas_threads": blas if blas > 0 else "default",

@@ -77,13 +77,21 @@ med = {k: statistics.median(r["steps_per_s"] for r in v) for k, v in by.items()}
 rss = {k: max(r["peak_rss_mib"] for r in v) for k, v in by.items()}
 print("\nmedians (steps/s, batch 16) and peak RSS:")
 for k, v in by.items():
-    print("  %-22s %7.3f steps/s  (n=%d, min %.3f, max %.3f)  peak RSS %.1f MiB" % (
+    print("  %-22s %7.3f steps/s  (n=%d, min %.3f, max %.3f)  cpu %s ms/step  peak RSS %.1f MiB" % (
         k, med[k], len(v), min(r["steps_per_s"] for r in v),
-        max(r["steps_per_s"] for r in v), rss[k]))
+        max(r["steps_per_s"] for r in v),
+        "%.1f" % statistics.median(r["cpu_ms_per_step"] for r in v)
+        if all(r.get("cpu_ms_per_step") is not None for r in v) else "?", rss[k]))
 def verdict(ok): return "PASS" if ok else "MISS"
+cpu = {k: statistics.median(r["cpu_ms_per_step"] for r in v) for k, v in by.items()
+       if all(r.get("cpu_ms_per_step") is not None for r in v)}
 if "torch t1" in med and "dgrad t1" in med:
     r1 = med["dgrad t1"] / med["torch t1"]
     print("1 thread : dgrad / torch = %.2fx (target >= 1.6x) %s" % (r1, verdict(r1 >= 1.6)))
+    if "torch t1" in cpu and "dgrad t1" in cpu:
+        print("           by CPU time per step (steadier on a loaded machine): "
+              "torch %.1f ms / dgrad %.1f ms = %.2fx" % (
+                  cpu["torch t1"], cpu["dgrad t1"], cpu["torch t1"] / cpu["dgrad t1"]))
 t2 = [k for k in med if k.startswith("torch t2")]
 if t2 and "dgrad t2" in med:
     best = max(t2, key=lambda k: med[k])
