@@ -475,7 +475,10 @@ static int tcp_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
   /* Busy-poll the op's own socket for a while: on loopback the answer often
    * lands within microseconds, and handing it over from the progress thread
    * costs a wake-up (slow on VMs). */
-  int64_t spin_end = dg__now_ns() + (int64_t)x->spin_us * 1000;
+  /* Not for big transfers: they outlast any spin, and the cycles are better
+   * left to the threads doing the copying. */
+  int64_t spin_ns = op->n <= DG_TCP_EAGER_MAX ? (int64_t)x->spin_us * 1000 : 0;
+  int64_t spin_end = dg__now_ns() + spin_ns;
   dg_tcp_pair *p = &x->pairs[op->peer];
   while (__atomic_load_n(&op->status, __ATOMIC_ACQUIRE) == DG_XOP_PENDING &&
          dg__now_ns() < spin_end) {
