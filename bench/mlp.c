@@ -5,12 +5,20 @@
  * random batch and fixed random labels. bench/mlp_torch.py does the same work
  * in PyTorch.
  *
- *   mlp [--batch N] [--threads T] [--steps S] [--warmup W]
+ *   mlp [--batch N] [--threads T] [--steps S] [--warmup W] [--max-seconds X]
+ *
+ * --max-seconds stops the timed loop early once X seconds have passed (the
+ * line then reports the steps actually run), so that a run on a loaded
+ * machine stays bounded.
  *
  * Prints one JSON line:
  *   {"impl":"dgrad","batch":..,"threads":..,"steps":..,"steps_per_s":..,
- *    "peak_rss_mib":..,"heap_allocs_per_step":..,"heap_frees_per_step":..,
- *    "loss":..}
+ *    "cpu_ms_per_step":..,"peak_rss_mib":..,"heap_allocs_per_step":..,
+ *    "heap_frees_per_step":..,"loss":..}
+ *
+ * cpu_ms_per_step is the process's CPU time (user + system, all threads) over
+ * the timed steps: on a shared machine it moves less than wall time when the
+ * process is descheduled, so 1-thread runs can be compared by it too.
  *
  * Heap allocations are counted by interposing malloc/calloc/realloc/free (and
  * the aligned variants) in this binary: every call, from dgrad, OpenBLAS or
@@ -164,6 +172,13 @@ static float step(dg_ctx *ctx, mlp *m, float *x, int64_t *y, int64_t B, float lr
 
 /* ---- driver ---- */
 
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+         (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -185,14 +200,17 @@ static long arg_long(int argc, char **argv, int *i) {
 }
 
 int main(int argc, char **argv) {
-  long batch = 64, threads = 1, steps = 200, warmup = 20;
+  long batch = 64, threads = 1, steps = 200, warmup = 20, max_s = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i);
     else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i);
     else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i);
     else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--max-seconds")) max_s = arg_long(argc, argv, &i);
     else {
-      fprintf(stderr, "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W] [--max-seconds X]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -236,19 +254,25 @@ int main(int argc, char **argv) {
     __atomic_store_n(&g_trace, 1, __ATOMIC_RELAXED);
   }
   uint64_t a0 = allocs_now(), f0 = frees_now();
-  double t0 = now_s();
-  for (long s = 0; s < steps; s++)
+  double t0 = now_s(), c0 = cpu_s();
+  long done = 0;
+  while (done < steps) {
     if (isnan(loss = step(ctx, &m, x, y, batch, lr))) return 1;
-  double dt = now_s() - t0;
+    done++;
+    if (max_s > 0 && now_s() - t0 > (double)max_s) break;
+  }
+  double dt = now_s() - t0, dc = cpu_s() - c0;
+  steps = done;
   uint64_t a1 = allocs_now(), f1 = frees_now();
   __atomic_store_n(&g_trace, 0, __ATOMIC_RELAXED);
 
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   printf("{\"impl\":\"dgrad\",\"batch\":%ld,\"threads\":%ld,\"steps\":%ld,"
-         "\"steps_per_s\":%.2f,\"peak_rss_mib\":%.1f,\"heap_allocs_per_step\":%.3g,"
+         "\"steps_per_s\":%.2f,\"cpu_ms_per_step\":%.4f,\"peak_rss_mib\":%.1f,\"heap_allocs_per_step\":%.3g,"
          "\"heap_frees_per_step\":%.3g,\"loss\":%.5f}\n",
-         batch, threads, steps, (double)steps / dt, (double)ru.ru_maxrss / 1024.0,
+         batch, threads, steps, (double)steps / dt, 1e3 * dc / (double)steps,
+         (double)ru.ru_maxrss / 1024.0,
          (double)(a1 - a0) / (double)steps, (double)(f1 - f0) / (double)steps, (double)loss);
   fflush(stdout);
 

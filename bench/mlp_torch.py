@@ -6,10 +6,15 @@ momentum). One step = zero_grad + forward + backward + optimizer step, on a
 fixed random batch with fixed random labels.
 
     /usr/bin/python3 bench/mlp_torch.py [--batch N] [--threads T] [--steps S] [--warmup W]
+                                        [--max-seconds X] [--blas-threads B]
+
+--max-seconds stops the timed loop early once X seconds have passed (the line
+then reports the steps actually run), as bench/mlp.c does.
 
 Run with /usr/bin/python3 (Debian's python3-torch 1.13). OMP_WAIT_POLICY is
 read from the environment (it must be set before torch starts) and reported.
-heap_allocs_per_step is not measured for torch (null).
+heap_allocs_per_step is not measured for torch (null). cpu_ms_per_step is the
+process's CPU time (all threads) over the timed steps, as in bench/mlp.c.
 
 Threads. Debian's torch does its GEMMs in OpenBLAS (BLAS_INFO=generic), and
 torch.set_num_threads() does not reach OpenBLAS's own pool, which starts one
@@ -32,6 +37,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--max-seconds", type=float, default=0)
     ap.add_argument("--blas-threads", type=int, default=-1,
                     help="OpenBLAS threads (-1: same as --threads; 0: OpenBLAS default)")
     a = ap.parse_args()
@@ -68,15 +74,24 @@ def main():
 
     for _ in range(a.warmup):
         step()
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
+    def cpu_s():
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
+
+    t0, c0 = time.perf_counter(), cpu_s()
+    done = 0
+    while done < a.steps:
         loss = step()
-    dt = time.perf_counter() - t0
+        done += 1
+        if a.max_seconds > 0 and time.perf_counter() - t0 > a.max_seconds:
+            break
+    dt, dc = time.perf_counter() - t0, cpu_s() - c0
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(json.dumps({
-        "impl": "torch", "batch": a.batch, "threads": a.threads, "steps": a.steps,
-        "steps_per_s": round(a.steps / dt, 2), "peak_rss_mib": round(rss, 1),
+        "impl": "torch", "batch": a.batch, "threads": a.threads, "steps": done,
+        "steps_per_s": round(done / dt, 2),
+        "cpu_ms_per_step": round(1e3 * dc / done, 4), "peak_rss_mib": round(rss, 1),
         "heap_allocs_per_step": None,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "blas_threads": blas if blas > 0 else "default",

@@ -3,6 +3,7 @@
 interleaved in one window, and checks the ratios against issue 2's targets.
 
     /usr/bin/python3 bench/run_mlp.py [--build-dir build-bench] [--runs 5] [--out FILE]
+                                      [--max-seconds 2]
 
 Every round runs each setting once, alternating dgrad and torch, so that a
 slow patch of a shared machine hits both sides alike; the summary uses the
@@ -13,7 +14,10 @@ median of the rounds. Settings, for batch 64, 256 and 1:
           see mlp_torch.py); and, for information, 1 torch thread with
           OpenBLAS at its default (one thread per core: what a plain
           `import torch` gets on Debian)
-Prints every JSON line as it arrives, then the medians and the ratios.
+Each run times at most --max-seconds of steps (after its warmup), so a run
+on a loaded machine stays bounded. Prints every JSON line as it arrives, then
+the medians and the ratios, with the date and the load average (a timing
+from a busy machine says so).
 Needs only the standard library; torch is only needed by mlp_torch.py, which
 runs under /usr/bin/python3 (Debian's python3-torch).
 """
@@ -43,10 +47,10 @@ SETTINGS = [
 ]
 
 
-def run_one(mlp, impl, batch, threads, env_extra, args_extra):
+def run_one(mlp, impl, batch, threads, env_extra, args_extra, max_s):
     steps, warmup = STEPS[batch]
     common = ["--batch", str(batch), "--threads", str(threads),
-              "--steps", str(steps), "--warmup", str(warmup)]
+              "--steps", str(steps), "--warmup", str(warmup), "--max-seconds", str(max_s)]
     if impl == "dgrad":
         cmd = [mlp] + common
     else:
@@ -75,6 +79,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--batches", default="64,256,1")
     ap.add_argument("--out", help="also write the JSON lines to this file")
+    ap.add_argument("--max-seconds", type=int, default=2,
+                    help="cap on the timed part of each run")
     a = ap.parse_args()
     mlp = os.path.join(a.build_dir, "bench", "mlp")
     if not os.access(mlp, os.X_OK):
@@ -86,10 +92,11 @@ def main():
 
     res = {}  # (label, batch) -> [records]
     t_start = time.time()
+    load0 = os.getloadavg()
     for r in range(a.runs):
         for b in batches:
             for label, impl, th, env, extra in SETTINGS:
-                rec = run_one(mlp, impl, b, th, env, extra)
+                rec = run_one(mlp, impl, b, th, env, extra, a.max_seconds)
                 if rec is None:
                     continue
                 rec["setting"] = label
@@ -106,10 +113,25 @@ def main():
         rs = res.get((label, b), [])
         return statistics.median([x["steps_per_s"] for x in rs]) if rs else float("nan")
 
-    print("\n# medians of %d rounds (steps/s), %.0f s in all" % (a.runs, elapsed))
+    load1 = os.getloadavg()
+    print("\n# %s; %s; load average %.1f at start, %.1f at end (%d CPUs)" % (
+        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t_start)), os.uname().nodename,
+        load0[0], load1[0], os.cpu_count()))
+    print("# medians of %d rounds (steps/s), %.0f s in all" % (a.runs, elapsed))
     print("%-24s" % "setting" + "".join("%12s" % ("batch %d" % b) for b in batches))
     for label, *_ in SETTINGS:
         print("%-24s" % label + "".join("%12.1f" % med(label, b) for b in batches))
+
+    def med_cpu(label, b):
+        rs = [x["cpu_ms_per_step"] for x in res.get((label, b), []) if "cpu_ms_per_step" in x]
+        return statistics.median(rs) if rs else float("nan")
+
+    print("\n# medians of CPU time per step (ms, all threads of the process)")
+    for label, *_ in SETTINGS:
+        print("%-24s" % label + "".join("%12.3f" % med_cpu(label, b) for b in batches))
+    print("# 1 thread by CPU time (torch t1 / dgrad t1; moves less with machine load): " +
+          ", ".join("batch %d %.2fx" % (b, med_cpu("torch t1", b) / med_cpu("dgrad t1", b))
+                    for b in batches))
 
     print("\n# targets (ratios of medians, dgrad / torch, same window)")
     checks = []
