@@ -278,7 +278,7 @@ int dg_checkpoint_save(const char *path, const dg_checkpoint *c, char *err, size
   }
   snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
   int fd = mkstemp(tmp), e = 0;
-  const char *what = "create a temporary file";
+  const char *what = "create a temporary file for";
   if (fd < 0) e = errno;
   if (!e) fchmod(fd, 0644);
   if (!e && (e = write_body(fd, c, &hdr))) what = "write";
