@@ -29,7 +29,7 @@
  * samples/s, ETA), the test accuracy at each epoch end, and a summary with
  * dgrad's heap allocations during steady-state steps (0: none; counted
  * through dg_set_allocator). --loss-log appends "<step> <loss as %a>" per
- * step.
+ * step (with several ranks, into FILE.rank<R>).
  *
  * Data parallel: under dgrun (WORLD_SIZE > 1 in the environment) the
  * process group comes from the environment, the parameters are wrapped with
@@ -210,9 +210,14 @@ static int trainer_init(trainer *t) {
   if (t->o.max_steps > 0 && t->o.max_steps < total) total = t->o.max_steps;
   t->sched = (dg_lr_schedule){t->o.cosine ? DG_LR_COSINE : DG_LR_CONSTANT, t->o.lr, 0, total,
                               0, 1.0f, 0.0f};
-  if (t->o.loss_log && !(t->loss_log = fopen(t->o.loss_log, "a"))) {
-    fprintf(stderr, "mnist: cannot open %s\n", t->o.loss_log);
-    return DG_EIO;
+  char path[4096]; /* with several ranks, one loss log per rank: FILE.rank<R> */
+  if (t->o.loss_log) {
+    if (t->world > 1) snprintf(path, sizeof path, "%s.rank%d", t->o.loss_log, t->rank);
+    else snprintf(path, sizeof path, "%s", t->o.loss_log);
+    if (!(t->loss_log = fopen(path, "a"))) {
+      fprintf(stderr, "mnist: cannot open %s\n", path);
+      return DG_EIO;
+    }
   }
   return DG_OK;
 }

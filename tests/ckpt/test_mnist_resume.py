@@ -6,7 +6,9 @@ for the rest. Runs on a small synthetic MNIST-format directory written here
 epoch end), 1 thread. Also: the steady-state steps allocate nothing, and a
 checkpoint of another model is refused with a clear message.
 
-    python3 test_mnist_resume.py path/to/mnist
+    python3 test_mnist_resume.py path/to/mnist [path/to/dgrun]
+
+With dgrun, also two data-parallel ranks (DDP) stop and resume exactly.
 """
 import os
 import random
@@ -46,6 +48,37 @@ def run(exe, args):
     p = subprocess.run([exe] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=240)
     return p.returncode, p.stdout
+
+
+def ddp_resume(exe, dgrun, tmp):
+    """Two ranks under dgrun (DDP, sharded loader): 12 steps uninterrupted vs
+    7 + checkpoint + resume; every rank's losses identical."""
+    n, k = 12, 7
+    common = ["--data", tmp, "--model", "mlp", "--optim", "adamw", "--batch", "16",
+              "--epochs", "2", "--threads", "1", "--seed", "4", "--log-every", "0",
+              "--max-steps", str(n)]
+    ck = os.path.join(tmp, "ddp.safetensors")
+    logs = {x: os.path.join(tmp, "ddp_%s.log" % x) for x in "ab"}
+    launch = [dgrun, "--nproc-per-node", "2", "--", exe]
+    runs = [launch + common + ["--loss-log", logs["a"]],
+            launch + common + ["--loss-log", logs["b"], "--stop-at", str(k), "--checkpoint", ck],
+            launch + common + ["--loss-log", logs["b"], "--resume", ck]]
+    for cmd in runs:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=240)
+        if p.returncode:
+            print("FAIL ddp: %s exited %d\n%s" % (" ".join(cmd), p.returncode, p.stdout))
+            return 1
+    fails = 0
+    for r in (0, 1):
+        a = open("%s.rank%d" % (logs["a"], r)).read().split("\n")
+        b = open("%s.rank%d" % (logs["b"], r)).read().split("\n")
+        if len(a) != n + 1 or a != b:
+            print("FAIL ddp rank %d: losses differ\n%s\nvs\n%s" % (r, a, b))
+            fails += 1
+        else:
+            print("ok ddp W=2 rank %d: %d = %d + %d identical losses" % (r, n, k, n - k))
+    return fails
 
 
 def main():
@@ -93,6 +126,8 @@ def main():
             fails += 1
         else:
             print("ok: mismatched resume refused:", out.strip().splitlines()[-1])
+        if len(sys.argv) > 2:
+            fails += ddp_resume(exe, sys.argv[2], tmp)
     print("%d failure(s)" % fails if fails else "ok")
     return 1 if fails else 0
 
