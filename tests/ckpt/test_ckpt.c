@@ -229,6 +229,32 @@ static void write_variant(const char *name, const char *src, size_t n, char *out
   ck_write_file(out, src, n);
 }
 
+/* Random byte edits of the header never crash the loader; an accepted edit
+ * (e.g. a changed metadata digit) still loads. f: a valid file of n bytes
+ * with header length hl; g: scratch of n bytes. */
+static void fuzz_header(const char *f, char *g, size_t n, uint64_t hl, const dg_dataset *ds) {
+  char err[512], p[160];
+  uint32_t st = 12345;
+  rig r;
+  rig_new(&r, 32, 5, ds);
+  int refused = 0;
+  for (int it = 0; it < 1500; it++) {
+    memcpy(g, f, n);
+    for (int k = 0; k < 1 + it % 4; k++) {
+      st = st * 1103515245u + 12345u;
+      size_t at = 8 + (st >> 8) % hl;
+      st = st * 1103515245u + 12345u;
+      g[at] = (char)(st >> 16);
+    }
+    write_variant("fuzz", g, n, p, sizeof p);
+    dg_checkpoint c = {r.ps, r.o, r.ctx, r.l, 0, 0, NULL, NULL};
+    refused += dg_checkpoint_load(p, &c, err, sizeof err) != DG_OK;
+  }
+  rig_free(&r);
+  CHECK(refused > 1000);
+  fprintf(stderr, "header fuzz: %d of 1500 edited files refused, none crashed\n", refused);
+}
+
 static void test_corrupt(const dg_dataset *ds) {
   char err[512], p[160];
   rig a;
@@ -283,27 +309,7 @@ static void test_corrupt(const dg_dataset *ds) {
     CHECK_EQ_INT(dg_checkpoint_load(p, &c, err, sizeof err), DG_EFORMAT);
     rig_free(&r);
   }
-  /* random byte edits of the header never crash the loader; an accepted
-   * edit still leaves the model loadable (e.g. a changed metadata digit) */
-  uint32_t st = 12345;
-  rig r;
-  rig_new(&r, 32, 5, ds);
-  int refused = 0;
-  for (int it = 0; it < 1500; it++) {
-    memcpy(g, f, n);
-    for (int k = 0; k < 1 + it % 4; k++) {
-      st = st * 1103515245u + 12345u;
-      size_t at = 8 + (st >> 8) % hl;
-      st = st * 1103515245u + 12345u;
-      g[at] = (char)(st >> 16);
-    }
-    write_variant("fuzz", g, n, p, sizeof p);
-    dg_checkpoint c = {r.ps, r.o, r.ctx, r.l, 0, 0, NULL, NULL};
-    refused += dg_checkpoint_load(p, &c, err, sizeof err) != DG_OK;
-  }
-  rig_free(&r);
-  CHECK(refused > 1000);
-  fprintf(stderr, "header fuzz: %d of 1500 edited files refused, none crashed\n", refused);
+  fuzz_header(f, g, n, hl, ds);
   snprintf(p, sizeof p, "%s/does_not_exist", g_dir);
   expect_refused(p, DG_EIO, "does_not_exist: cannot open", ds);
   free(f);
