@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dgrad_config.h"
 #include "dist/pg_impl.h"
 #include "dist/transport/net_impl.h"
 #include "tensor/common_impl.h"
@@ -239,9 +240,16 @@ static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_sto
                       .timeout_ms = pg->timeout_ms, .bind_addr = bind,
                       .check = check_peer, .check_arg = cc};
   const char *be = o->backend ? o->backend : getenv("DG_BACKEND");
-  if (be && *be && strcmp(be, "tcp") != 0)
-    return fail(err, cap, DG_EUNSUPPORTED, "backend \"%s\" is not available (have: tcp)", be);
-  if ((rc = dg__tcp_xport_new(&pg->x, &xo, err, cap)) != DG_OK) return rc;
+  int ucx = be && !strcmp(be, "ucx");
+  if (be && *be && strcmp(be, "tcp") != 0 && !(ucx && DG_HAVE_UCX))
+    return fail(err, cap, DG_EUNSUPPORTED, "backend \"%s\" is not available (have: tcp%s)", be,
+                DG_HAVE_UCX ? ", ucx" : "");
+#if DG_HAVE_UCX
+  if (ucx) rc = dg__ucx_xport_new(&pg->x, &xo, err, cap);
+  else
+#endif
+    rc = dg__tcp_xport_new(&pg->x, &xo, err, cap);
+  if (rc != DG_OK) return rc;
   pg->all_dgrad = pg->x->all_dgrad;
   if (pg->all_dgrad && (rc = dg__cma_setup(pg, cc->probe, (const char *const *)cc->hosts)))
     return fail(err, cap, rc, "%s", pg->err);
