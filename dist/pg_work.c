@@ -218,6 +218,7 @@ static int enqueue(dg_pg *pg, dg_work *w, dg_work **out) {
 
 int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op,
                     dg_work **w) {
+  if (w) *w = NULL;
   if (!w || (count && !buf) || (unsigned)op > DG_RED_PROD) return DG_EINVAL;
   dg_work *k = new_work(pg, DG_W_ALLREDUCE, dt);
   if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
@@ -228,6 +229,7 @@ int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op
 }
 
 int dg_pg_broadcast(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root, dg_work **w) {
+  if (w) *w = NULL;
   if (!w || !pg || (count && !buf) || root < 0 || root >= pg->size) return DG_EINVAL;
   dg_work *k = new_work(pg, DG_W_BROADCAST, dt);
   if (!k) return DG_ENOMEM;
@@ -239,6 +241,7 @@ int dg_pg_broadcast(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root, d
 
 int dg_pg_allgather(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
                     dg_work **w) {
+  if (w) *w = NULL;
   if (!w || (count && (!in || !out))) return DG_EINVAL;
   dg_work *k = new_work(pg, DG_W_ALLGATHER, dt);
   if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
@@ -250,6 +253,7 @@ int dg_pg_allgather(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype
 
 int dg_pg_reduce_scatter(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
                          dg_redop op, dg_work **w) {
+  if (w) *w = NULL;
   if (!w || (count && (!in || !out)) || (unsigned)op > DG_RED_PROD) return DG_EINVAL;
   dg_work *k = new_work(pg, DG_W_REDUCE_SCATTER, dt);
   if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
@@ -261,6 +265,7 @@ int dg_pg_reduce_scatter(dg_pg *pg, const void *in, void *out, size_t count, dg_
 }
 
 int dg_pg_barrier(dg_pg *pg, dg_work **w) {
+  if (w) *w = NULL;
   if (!w) return DG_EINVAL;
   dg_work *k = new_work(pg, DG_W_BARRIER, DG_F32);
   if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
@@ -269,6 +274,7 @@ int dg_pg_barrier(dg_pg *pg, dg_work **w) {
 
 static int p2p(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int peer, uint32_t tag,
                dg_work **w, dg_wkind kind) {
+  if (w) *w = NULL;
   if (!w || !pg || (count && !buf) || peer < 0 || peer >= pg->size || peer == pg->rank)
     return DG_EINVAL;
   dg_work *k = new_work(pg, kind, dt);

@@ -110,7 +110,8 @@ const char *dg_pg_errmsg(const dg_pg *pg);
  * Call it on every rank. */
 int dg_pg_set_algo(dg_pg *pg, dg_algo algo);
 
-/* Collectives. `w` receives the work (free it with dg_work_free). */
+/* Collectives. `w` receives the work (free it with dg_work_free); on a
+ * failed post (bad arguments) *w is NULL. */
 int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op,
                     dg_work **w);
 int dg_pg_broadcast(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root, dg_work **w);

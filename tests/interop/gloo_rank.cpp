@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
           return 1;
         }
       }
-      std::fwrite(b.data(), 4, s.n, out);
+      if (s.n) std::fwrite(b.data(), 4, s.n, out);
     }
     std::vector<float> bc(1000);
     for (int i = 0; i < 1000; i++) bc[i] = rank == size - 1 ? i * 2 + 0.25f : 0;
