@@ -19,6 +19,11 @@
  * pending and later operation of the group fails with it. The library never
  * aborts the process.
  *
+ * Environment: DG_BACKEND (default "tcp"), DG_SOCKET_IFNAME or
+ * GLOO_SOCKET_IFNAME (interface to listen on), DG_SPIN_US (how long a wait
+ * busy-polls before sleeping, default 100; 0 on oversubscribed machines),
+ * DG_LOG=info (logs the address used and the algorithms chosen).
+ *
  * Thread-safety: a dg_pg may be used from several threads (calls that post
  * collectives are serialised; order between threads is the caller's
  * business). A dg_work is used by one thread at a time. */
