@@ -51,6 +51,22 @@ int main(void) {
   CHECK_EQ_INT(steps_allocs, 0);
   CHECK(loss < first);
   CHECK(g_allocs > 0); /* the interposition is live: setup allocated */
+
+  /* threaded: GEMMs big enough to be split over dgrad's pool */
+  dg_set_num_threads(2);
+  dg_tensor *w = NULL;
+  int64_t ws[2] = {256, 256}, xs[2] = {128, 256};
+  REQUIRE(dg_params_add(ps, "big.weight", 2, ws, &w) == DG_OK);
+  for (int s = 0; s < 23; s++) {
+    if (s == 3) before = g_allocs;
+    dg_tensor *x = dg_full(ctx, 2, xs, 0.01f);
+    dg_tensor *y = dg_relu(ctx, dg_linear(ctx, x, w, NULL));
+    CHECK_OK(dg_backward(ctx, dg_mean(ctx, y)));
+    dg_ctx_reset(ctx);
+  }
+  fprintf(stderr, "heap allocations in 20 threaded steps: %ld\n", g_allocs - before);
+  CHECK_EQ_INT(g_allocs - before, 0);
+  dg_set_num_threads(1);
   dg_params_free(ps);
   dg_ctx_free(ctx);
   return TEST_DONE();

@@ -1,0 +1,78 @@
+/* dgrad's compute pool: every task runs exactly once per job (stress), split
+ * GEMMs give bit-identical results to one thread, a forked child can still
+ * compute, and a threaded step allocates nothing (see test_noalloc too). */
+#include <dgrad.h>
+#include <stdatomic.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tensor/threads_impl.h"
+#include "test.h"
+
+static atomic_int counts[16];
+
+static void bump(void *arg, int i) {
+  (void)arg;
+  atomic_fetch_add(&counts[i], 1);
+}
+
+static void test_exactly_once(void) {
+  dg_set_num_threads(3);
+  int bad = 0;
+  for (int job = 0; job < 20000; job++) {
+    int n = 1 + job % 16;
+    for (int i = 0; i < 16; i++) atomic_store(&counts[i], 0);
+    dg__parallel_for(n, bump, NULL);
+    for (int i = 0; i < 16; i++) bad += atomic_load(&counts[i]) != (i < n);
+  }
+  CHECK_EQ_INT(bad, 0);
+}
+
+static dg_tensor *mm(dg_ctx *ctx, int threads, int ta, int tb, int64_t M, int64_t N, int64_t K) {
+  dg_set_num_threads(threads);
+  int64_t as[2] = {ta ? K : M, ta ? M : K}, bs[2] = {tb ? N : K, tb ? K : N};
+  dg_ctx_seed(ctx, 5);
+  dg_tensor *a = dg_randn(ctx, 2, as, 0, 1), *b = dg_randn(ctx, 2, bs, 0, 1);
+  return dg_matmul_t(ctx, a, b, ta, tb);
+}
+
+static void test_gemm_split(void) {
+  dg_ctx *ctx = NULL;
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  int64_t shapes[3][3] = {{300, 150, 200}, {40, 700, 64}, {513, 9, 257}};
+  for (int s = 0; s < 3; s++)
+    for (int f = 0; f < 4; f++) {
+      int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+      dg_tensor *c1 = mm(ctx, 1, f & 1, f >> 1, M, N, K);
+      dg_tensor *c3 = mm(ctx, 3, f & 1, f >> 1, M, N, K);
+      REQUIRE(c1 && c3);
+      CHECK(!memcmp(dg_tensor_data(c1), dg_tensor_data(c3), (size_t)(M * N) * sizeof(float)));
+      dg_ctx_reset(ctx);
+    }
+  dg_ctx_free(ctx);
+}
+
+static void test_fork(void) {
+  dg_set_num_threads(2);
+  dg__parallel_for(4, bump, NULL); /* workers exist in the parent */
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    for (int i = 0; i < 16; i++) atomic_store(&counts[i], 0);
+    dg__parallel_for(8, bump, NULL);
+    int ok = 1;
+    for (int i = 0; i < 8; i++) ok &= atomic_load(&counts[i]) == 1;
+    _exit(ok ? 0 : 1);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+int main(void) {
+  test_exactly_once();
+  test_gemm_split();
+  test_fork();
+  dg_set_num_threads(1);
+  return TEST_DONE();
+}
