@@ -8,6 +8,7 @@
  * fails the transport stickily naming the peer, and dgrad peers are told
  * whom to blame (ABORT), as the TCP transport does. */
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -24,6 +25,8 @@
 #define IDLE_MS 100
 /* ... and while ops are pending: some UCX work raises no event. */
 #define BUSY_MS 1
+/* How long a waiter polls (yielding) after the last activity, then sleeps. */
+#define YIELD_MS 20
 
 static unsigned char dummy[8];
 
@@ -330,12 +333,22 @@ static int ucx_recv(dg_xport *xp, dg_xop *op) {
 }
 
 void dg__ucx_progress(dg_ucx_xport *x) {
+  x->armed = 0;
   while (ucp_worker_progress(x->wk)) {
   }
   dg__ucx_settle(x);
 }
 
+/* Progresses and arms the worker's event fd (lock held): after this, any
+ * event wakes the progress thread. Any later progress call disarms. */
+static void arm(dg_ucx_xport *x) {
+  do dg__ucx_progress(x);
+  while (ucp_worker_arm(x->wk) == UCS_ERR_BUSY);
+  x->armed = 1;
+}
+
 static void kick(dg_ucx_xport *x) {
+  /* wakes the progress thread */
   uint64_t one = 1;
   ssize_t w = write(x->wakefd, &one, sizeof one);
   (void)w;
@@ -346,12 +359,12 @@ void *dg__ucx_progress_main(void *arg) {
   struct epoll_event ev[4];
   pthread_mutex_lock(&x->mu);
   while (!x->stop) {
-    dg__ucx_progress(x);
-    if (ucp_worker_arm(x->wk) == UCS_ERR_BUSY) continue;
+    arm(x);
+    int busy = x->pend || x->orphans || x->suspect >= 0;
     x->sleeping = 1;
     pthread_mutex_unlock(&x->mu);
-    /* Wakes on worker events, a kick, or after a tick (keepalive). */
-    int busy = x->pend || x->orphans || x->suspect >= 0;
+    /* Wakes on worker events, a kick, or after a tick (keepalive; work
+     * that raises no event while ops are pending). */
     int n = epoll_wait(x->ep, ev, 4, busy ? BUSY_MS : IDLE_MS);
     for (int i = 0; i < n; i++)
       if (ev[i].data.fd == x->wakefd) {
@@ -368,30 +381,35 @@ void *dg__ucx_progress_main(void *arg) {
 
 static int ucx_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
   dg_ucx_xport *x = X(xp);
-  /* Drive the worker from this thread while it makes progress, and for
-   * spin_us after it last did: no thread hand-off, and no stall on work
-   * that raises no event (a fragment pushed once the peer drained its
-   * FIFO). Then sleep, and let the progress thread take over. */
+  /* Drive the worker from this thread while it makes progress: no thread
+   * hand-off, and no stall on work that raises no event. Busy for spin_us
+   * after the last activity, then yielding the CPU between polls (peers may
+   * share the cores) for up to YIELD_MS, then sleep on the condition
+   * variable while the progress thread waits on the worker's event fd. */
   int64_t last = dg__now_ns(), spin = (int64_t)x->spin_us * 1000;
   while (__atomic_load_n(&op->status, __ATOMIC_ACQUIRE) == DG_XOP_PENDING) {
     int64_t now = dg__now_ns();
-    if (now - last > spin || now / 1000000 >= deadline_ms) break;
+    if (now - last > (int64_t)YIELD_MS * 1000000 || now / 1000000 >= deadline_ms) break;
+    if (now - last > spin) sched_yield();
     if (pthread_mutex_trylock(&x->mu) != 0) {
       for (int i = 0; i < 64; i++) __builtin_ia32_pause();
       continue;
     }
-    if (op->status == DG_XOP_PENDING && ucp_worker_progress(x->wk)) last = dg__now_ns();
-    dg__ucx_settle(x);
+    if (op->status == DG_XOP_PENDING) {
+      x->armed = 0;
+      if (ucp_worker_progress(x->wk)) last = dg__now_ns();
+      dg__ucx_settle(x);
+    }
     pthread_mutex_unlock(&x->mu);
   }
   pthread_mutex_lock(&x->mu);
-  int kicked = 0;
   while (op->status == DG_XOP_PENDING) {
     int64_t left = deadline_ms - dg__now_ms();
     if (left <= 0) break;
-    /* The progress thread may sleep armed on state this thread changed. */
-    if (!kicked && x->sleeping) kick(x);
-    kicked = 1;
+    /* This thread progressed last: arm, so an event wakes the progress
+     * thread (it re-arms itself after each of its own rounds). */
+    if (!x->armed && x->sleeping) arm(x);
+    if (op->status != DG_XOP_PENDING) break;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     int64_t step = left > 200 ? 200 : left;

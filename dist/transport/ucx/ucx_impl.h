@@ -64,6 +64,7 @@ typedef struct dg_ucx_xport {
   int ep;    /* epoll over both */
   pthread_t thr;
   int thr_started, stop, sleeping;
+  int armed; /* the worker's event fd is armed and nobody progressed since */
   dg_ucx_peer *peers; /* (size) */
   dg_ucx_req *pend;   /* requests of pending ops */
   dg_xop *orphans;    /* pending ops whose UCX request failed, until blame is settled */
