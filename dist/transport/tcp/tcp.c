@@ -480,6 +480,7 @@ static int tcp_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
   int64_t spin_ns = op->n <= DG_TCP_EAGER_MAX ? (int64_t)x->spin_us * 1000 : 0;
   int64_t spin_end = dg__now_ns() + spin_ns;
   dg_tcp_pair *p = &x->pairs[op->peer];
+  unsigned turns = 0;
   while (__atomic_load_n(&op->status, __ATOMIC_ACQUIRE) == DG_XOP_PENDING &&
          dg__now_ns() < spin_end) {
     if (__atomic_load_n(&x->loop_wants_lock, __ATOMIC_RELAXED) ||
@@ -492,8 +493,9 @@ static int tcp_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
       if (p->out) flush(x, p);
     }
     pthread_mutex_unlock(&x->mu);
-    /* On an oversubscribed machine the peer may need this very core. */
-    sched_yield();
+    /* On an oversubscribed machine the peer may need this very core; but a
+     * yield can cost a whole time slice, so not on every turn. */
+    if ((++turns & 15) == 0) sched_yield();
   }
   pthread_mutex_lock(&x->mu);
   while (op->status == DG_XOP_PENDING) {
