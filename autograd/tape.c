@@ -92,20 +92,33 @@ dg_tensor *dg__saved(dg_ctx *ctx, dg_node *node, int k) {
   return t;
 }
 
-float *dg__grad_buf(dg_ctx *ctx, dg_tensor *t) {
+float *dg__grad_buf_w(dg_ctx *ctx, dg_tensor *t, int *overwrite) {
+  *overwrite = 0;
   if (!dg__wants_grad(t)) return NULL;
-  if (t->grad) return t->grad->data;
-  dg_tensor *g;
-  if (t->flags & DG_TF_ARENA) {
-    g = dg__new(ctx, "backward", DG_F32, t->ndim, t->shape);
-    if (!g) return NULL;
-  } else if (dg_tensor_new(&g, DG_F32, t->ndim, t->shape)) {
-    dg__set_error(ctx, DG_ENOMEM, "backward: out of memory for a leaf gradient");
-    return NULL;
+  if (!t->grad) {
+    dg_tensor *g;
+    if (t->flags & DG_TF_ARENA) {
+      g = dg__new(ctx, "backward", DG_F32, t->ndim, t->shape);
+      if (!g) return NULL;
+    } else if (dg_tensor_new(&g, DG_F32, t->ndim, t->shape)) {
+      dg__set_error(ctx, DG_ENOMEM, "backward: out of memory for a leaf gradient");
+      return NULL;
+    }
+    t->grad = g;
+    t->flags |= DG_TF_GRAD_STALE; /* fresh memory: logically zero */
   }
-  memset(g->data, 0, (size_t)dg__numel(g) * sizeof(float));
-  t->grad = g;
-  return g->data;
+  if (t->flags & DG_TF_GRAD_STALE) {
+    t->flags &= ~(uint32_t)DG_TF_GRAD_STALE;
+    *overwrite = 1;
+  }
+  return t->grad->data;
+}
+
+float *dg__grad_buf(dg_ctx *ctx, dg_tensor *t) {
+  int overwrite;
+  float *g = dg__grad_buf_w(ctx, t, &overwrite);
+  if (g && overwrite) memset(g, 0, (size_t)dg__numel(t) * sizeof(float));
+  return g;
 }
 
 /* ---- hooks ---- */
@@ -184,6 +197,7 @@ int dg_params_unreached_count(const dg_params *ps) { return ps ? ps->unreached :
 
 static void fire_ready(dg_ctx *ctx, dg_params *ps, int id, int reached) {
   if (ps->fired[id] || !ps->trainable[id]) return;
+  dg__param_grad_materialize(ps->t[id]); /* stale = nothing was written */
   ps->fired[id] = 1;
   for (int h = 0; h < ctx->nready_hooks; h++)
     ctx->ready_hooks[h].ready(ctx->ready_hooks[h].user, ps, id, reached);

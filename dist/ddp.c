@@ -238,6 +238,7 @@ int dg_ddp_join(dg_ddp *d) {
     int32_t active = wait_count(d);
     if (d->err || active == 0) break;
     dg_params_zero_grad(d->ps); /* shadow step: this rank contributes zeros */
+    (void)dg_params_grad(d->ps, NULL); /* materialise the lazy zeros */
     if (finish_round(d, 1)) break;
     d->st.shadow_steps++;
   }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dist/ddp_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* Parameter indices sorted by offset (insertion sort: stores are small and
  * this avoids qsort's global comparator state across threads). */
@@ -114,7 +115,9 @@ int dg__ddp_rebuild(dg_ddp *d) {
 }
 
 void dg__ddp_view(const dg_ddp *d, int k, dg_ddp_bucket *out) {
-  float *g = dg_params_grad(d->ps, NULL);
+  /* raw: every parameter of a started bucket has a final (materialised)
+   * gradient; dg_params_grad would zero the lazily cleared rest */
+  float *g = dg__params_grad_raw(d->ps);
   out->index = k;
   out->nbuckets = d->nb;
   out->grad = g + d->b[k].lo;

@@ -178,13 +178,28 @@ float *dg_params_data(dg_params *ps, size_t *n) {
   return ps ? ps->data : NULL;
 }
 
-float *dg_params_grad(dg_params *ps, size_t *n) {
-  if (n) *n = ps ? ps->used_total : 0;
-  return ps ? ps->grad : NULL;
+void dg__param_grad_materialize(dg_tensor *t) {
+  if (!(t->flags & DG_TF_GRAD_STALE)) return;
+  memset(t->grad->data, 0, (size_t)dg__numel(t) * sizeof(float));
+  t->flags &= ~(uint32_t)DG_TF_GRAD_STALE;
 }
 
+float *dg__params_grad_raw(dg_params *ps) { return ps ? ps->grad : NULL; }
+
+float *dg_params_grad(dg_params *ps, size_t *n) {
+  if (n) *n = ps ? ps->used_total : 0;
+  if (!ps) return NULL;
+  for (int i = 0; i < ps->n; i++) dg__param_grad_materialize(ps->t[i]);
+  return ps->grad;
+}
+
+/* Lazy: marks every gradient stale. Backward's first write to a parameter
+ * overwrites it (GEMM with beta 0), so the usual step never pays for a
+ * memset of the whole buffer; any other reader (dg_params_grad,
+ * dg_tensor_grad, backward's unreached parameters) zeroes it first. */
 void dg_params_zero_grad(dg_params *ps) {
-  if (ps && ps->grad) memset(ps->grad, 0, ps->used_total * sizeof(float));
+  if (!ps) return;
+  for (int i = 0; i < ps->n; i++) ps->t[i]->flags |= DG_TF_GRAD_STALE;
 }
 
 void dg_params_set_trainable(dg_params *ps, int i, int on) {
@@ -245,6 +260,7 @@ int dg_params_relayout(dg_params *ps, const int *order) {
   DG_ASSERT(rc || off == ps->used_total);
   if (!rc) {
     size_t n = ps->used_total;
+    for (int i = 0; i < ps->n; i++) dg__param_grad_materialize(ps->t[i]);
     permute_buf(ps->data, tmp, n, ps, newoff);
     permute_buf(ps->grad, tmp, n, ps, newoff);
     for (int c = 0; c < ps->ncompanions; c++) permute_buf(ps->companions[c], tmp, n, ps, newoff);

@@ -377,7 +377,17 @@ dg_dtype dg_tensor_dtype(const dg_tensor *t) { return t ? t->dtype : DG_F32; }
 int dg_tensor_device(const dg_tensor *t) { return t ? t->device : DG_CPU; }
 int dg_tensor_is_contiguous(const dg_tensor *t) { return t ? dg__is_contig(t) : 0; }
 void *dg_tensor_data(const dg_tensor *t) { return t ? t->data : NULL; }
-dg_tensor *dg_tensor_grad(const dg_tensor *t) { return t ? t->grad : NULL; }
+dg_tensor *dg_tensor_grad(const dg_tensor *t) {
+  if (!t) return NULL;
+  if (t->flags & DG_TF_GRAD_STALE) {
+    if (t->param_id >= 0) dg__param_grad_materialize((dg_tensor *)t);
+    else if (t->grad) {
+      memset(t->grad->data, 0, (size_t)dg__numel(t) * sizeof(float));
+      ((dg_tensor *)t)->flags &= ~(uint32_t)DG_TF_GRAD_STALE;
+    }
+  }
+  return t->grad;
+}
 int dg_tensor_requires_grad(const dg_tensor *t) { return dg__wants_grad(t); }
 
 void dg_tensor_set_requires_grad(dg_tensor *t, int on) {

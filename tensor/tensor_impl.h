@@ -16,6 +16,10 @@ enum {
   DG_TF_REQUIRES_GRAD = 1u << 0,
   DG_TF_ARENA = 1u << 1,  /* header lives in a ctx arena */
   DG_TF_PARAM = 1u << 2,  /* owned by a dg_params store */
+  /* the gradient buffer holds garbage that logically reads as zero: the
+   * first writer overwrites instead of adding (lazy zero_grad, fresh
+   * activation gradients), and every other reader zeroes it first */
+  DG_TF_GRAD_STALE = 1u << 3,
 };
 
 typedef struct dg_storage {
@@ -176,6 +180,16 @@ dg_tensor *dg__saved(dg_ctx *ctx, dg_node *node, int k);
 /* Gradient buffer of t (contiguous, t's logical shape), created zeroed on
  * first use; NULL when t needs no gradient (or ENOMEM: check ctx->err). */
 float *dg__grad_buf(dg_ctx *ctx, dg_tensor *t);
+/* Like dg__grad_buf, but when the buffer is stale (logically zero) it is not
+ * cleared and *overwrite is set: the caller must then write (=) every
+ * element instead of adding. */
+float *dg__grad_buf_w(dg_ctx *ctx, dg_tensor *t, int *overwrite);
+/* Zeroes a parameter's stale gradient segment now (readers outside
+ * backward). */
+void dg__param_grad_materialize(dg_tensor *t);
+/* Raw flat gradient buffer without materialising stale segments (for code
+ * that reads only parameters whose gradient is final, e.g. DDP buckets). */
+float *dg__params_grad_raw(dg_params *ps);
 /* 1 when t takes a gradient. */
 static inline int dg__wants_grad(const dg_tensor *t) {
   return t && (t->flags & DG_TF_REQUIRES_GRAD);

@@ -55,22 +55,26 @@ static int matmul_backward(dg_ctx *ctx, dg_node *n) {
   if (mat_of(ctx, "matmul backward", sa, B, &A) || mat_of(ctx, "matmul backward", sb, B, &Bv))
     return ctx->err;
   int tA = ta ^ A.colmajor, tB = tb ^ Bv.colmajor;
-  float *da = dg__grad_buf(ctx, a), *db = dg__grad_buf(ctx, b);
+  int oa, ob;
+  float *da = dg__grad_buf_w(ctx, a, &oa), *db = dg__grad_buf_w(ctx, b, &ob);
   if ((dg__wants_grad(a) && !da) || (dg__wants_grad(b) && !db)) return ctx->err;
+  /* a shared b (batched a, 2-D b) sums over the batch: only its first
+   * product may overwrite */
   int64_t a_bs = A.bstride ? A.rows * A.cols : 0, b_bs = Bv.bstride ? Bv.rows * Bv.cols : 0;
   for (int64_t i = 0; i < B; i++) {
     const float *dci = dc + i * Mo * No;
+    float beta_a = oa ? 0.0f : 1.0f, beta_b = (ob && (b_bs || i == 0)) ? 0.0f : 1.0f;
     if (da) {
       float *dai = da + i * a_bs; /* logical (M,K) or (K,M) row-major */
       const float *bi = Bv.p + i * Bv.bstride;
-      if (!ta) dg__sgemm(0, !tB, Mo, K, No, 1.0f, dci, No, bi, Bv.ld, 1.0f, dai, K);
-      else dg__sgemm(tB, 1, K, Mo, No, 1.0f, bi, Bv.ld, dci, No, 1.0f, dai, Mo);
+      if (!ta) dg__sgemm(0, !tB, Mo, K, No, 1.0f, dci, No, bi, Bv.ld, beta_a, dai, K);
+      else dg__sgemm(tB, 1, K, Mo, No, 1.0f, bi, Bv.ld, dci, No, beta_a, dai, Mo);
     }
     if (db) {
       float *dbi = db + i * b_bs;
       const float *ai = A.p + i * A.bstride;
-      if (!tb) dg__sgemm(!tA, 0, K, No, Mo, 1.0f, ai, A.ld, dci, No, 1.0f, dbi, No);
-      else dg__sgemm(1, tA, No, K, Mo, 1.0f, dci, No, ai, A.ld, 1.0f, dbi, K);
+      if (!tb) dg__sgemm(!tA, 0, K, No, Mo, 1.0f, ai, A.ld, dci, No, beta_b, dbi, No);
+      else dg__sgemm(1, tA, No, K, Mo, 1.0f, dci, No, ai, A.ld, beta_b, dbi, K);
     }
   }
   return DG_OK;
@@ -142,15 +146,21 @@ static int linear_backward(dg_ctx *ctx, dg_node *n) {
   const float *xp = dg__contig_data(ctx, "linear backward", sx);
   const float *wp = dg__contig_data(ctx, "linear backward", sw);
   if (!xp || !wp) return ctx->err;
-  float *dx = dg__grad_buf(ctx, x), *dw = dg__grad_buf(ctx, w), *db = dg__grad_buf(ctx, b);
+  /* first writers overwrite (beta 0): no memset of fresh or lazily zeroed
+   * gradient buffers */
+  int ox, ow, ob;
+  float *dx = dg__grad_buf_w(ctx, x, &ox), *dw = dg__grad_buf_w(ctx, w, &ow);
+  float *db = dg__grad_buf_w(ctx, b, &ob);
   if (ctx->err) return ctx->err;
-  if (dx) dg__sgemm(0, 0, R, I, O, 1.0f, dy, O, wp, I, 1.0f, dx, I);  /* dy(R,O) w(O,I) */
-  if (dw) dg__sgemm(1, 0, O, I, R, 1.0f, dy, O, xp, I, 1.0f, dw, I);  /* dy^T(O,R) x(R,I) */
-  if (db)
+  if (dx) dg__sgemm(0, 0, R, I, O, 1.0f, dy, O, wp, I, ox ? 0.0f : 1.0f, dx, I); /* dy(R,O) w(O,I) */
+  if (dw) dg__sgemm(1, 0, O, I, R, 1.0f, dy, O, xp, I, ow ? 0.0f : 1.0f, dw, I); /* dy^T(O,R) x(R,I) */
+  if (db) {
+    if (ob) memset(db, 0, (size_t)O * sizeof(float));
     for (int64_t r = 0; r < R; r++) {
       const float *row = dy + r * O;
       for (int64_t o = 0; o < O; o++) db[o] += row[o];
     }
+  }
   return DG_OK;
 }
 
