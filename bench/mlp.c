@@ -113,6 +113,7 @@ static const int64_t k_dims[NLAYERS + 1] = {784, 512, 256, 10};
 
 typedef struct {
   dg_params *ps;
+  dg_optim *opt;         /* torch.optim.SGD(lr): dgrad's SGD over the flat buffer */
   dg_tensor *w[NLAYERS]; /* (out, in) */
   dg_tensor *b[NLAYERS]; /* (out) */
 } mlp;
@@ -142,7 +143,9 @@ static int mlp_init(mlp *m) {
       for (size_t i = 0; i < n; i++) p[i] = (2.0f * p[i] - 1.0f) * bound;
     }
   }
-  return DG_OK;
+  dg_sgd_opts so = dg_sgd_defaults();
+  so.lr = 0.01f;
+  return dg_optim_sgd_new(&m->opt, m->ps, &so);
 }
 
 /* One training step. x (B, 784) f32, y (B) i64 are caller memory. Returns the
@@ -162,10 +165,8 @@ static float step(dg_ctx *ctx, mlp *m, float *x, int64_t *y, int64_t B, float lr
     return NAN;
   }
   float lv = dg_tensor_item(loss);
-  size_t n = 0;
-  float *p = dg_params_data(m->ps, &n);
-  const float *g = dg_params_grad(m->ps, &n);
-  for (size_t i = 0; i < n; i++) p[i] -= lr * g[i];
+  (void)lr; /* set on the optimizer */
+  if (dg_optim_step(m->opt)) return NAN;
   dg_ctx_reset(ctx);
   return lv;
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "optim/optim_impl.h"
+#include "tensor/threads_impl.h"
 
 int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const char *name,
                     int nstate, const char *const *state_names) {
@@ -45,6 +46,26 @@ void dg__optim_param_range(const dg_optim *o, int i, size_t *lo, size_t *hi) {
 
 typedef void (*range_fn)(dg_optim *o, float *w, const float *g, size_t lo, size_t hi);
 
+/* Element-wise updates are independent: big runs are split over dgrad's
+ * compute pool. */
+typedef struct {
+  range_fn fn;
+  dg_optim *o;
+  float *w;
+  const float *g;
+  size_t base;
+} run_job;
+
+static void run_chunk(void *arg, int64_t lo, int64_t hi) {
+  run_job *j = arg;
+  j->fn(j->o, j->w, j->g, j->base + (size_t)lo, j->base + (size_t)hi);
+}
+
+static void run_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi, range_fn fn) {
+  run_job j = {fn, o, w, g, lo};
+  dg__parallel_range((int64_t)(hi - lo), 32768, run_chunk, &j);
+}
+
 /* Calls fn on maximal runs of trainable parameters that lie next to each
  * other in memory (separated at most by alignment padding, which is zero in
  * value, gradient and state, so updating it changes nothing). Parameters
@@ -61,12 +82,12 @@ static void for_each_run(dg_optim *o, float *w, const float *g, range_fn fn) {
       hi = phi;
       continue;
     }
-    if (open) fn(o, w, g, lo, hi);
+    if (open) run_range(o, w, g, lo, hi, fn);
     lo = plo;
     hi = phi;
     open = 1;
   }
-  if (open) fn(o, w, g, lo, hi);
+  if (open) run_range(o, w, g, lo, hi, fn);
 }
 
 int dg_optim_step(dg_optim *o) {

@@ -61,7 +61,7 @@ static void run_tasks(unsigned gen) {
   for (;;) {
     if ((unsigned)(t >> 32) != gen) break;
     unsigned i = (unsigned)t;
-    if ((int)i >= g_pool.ntasks) break;
+    if (i >= (unsigned)atomic_load(&g_pool.ntasks)) break;
     if (!atomic_compare_exchange_weak_explicit(&g_pool.ticket, &t, t + 1,
                                                memory_order_acq_rel, memory_order_acquire))
       continue;
@@ -120,11 +120,15 @@ void dg__parallel_for(int ntasks, dg__task_fn fn, void *arg) {
     for (int i = 0; i < ntasks; i++) fn(arg, i);
     return;
   }
+  /* close the old ticket first (index all ones: nothing left to claim), so a
+   * worker still holding job g's ticket cannot claim against job g+1's
+   * ntasks/fn while they are being written */
+  unsigned gen = atomic_load(&g_pool.gen) + 1;
+  atomic_store(&g_pool.ticket, ((unsigned long long)gen << 32) | 0xffffffffu);
   g_pool.fn = fn;
   g_pool.arg = arg;
-  g_pool.ntasks = ntasks;
+  atomic_store(&g_pool.ntasks, ntasks);
   atomic_store(&g_pool.left, ntasks);
-  unsigned gen = atomic_load(&g_pool.gen) + 1;
   atomic_store_explicit(&g_pool.ticket, (unsigned long long)gen << 32, memory_order_release);
   atomic_store_explicit(&g_pool.gen, gen, memory_order_release);
   futex_wake_all(&g_pool.gen);
@@ -149,4 +153,28 @@ void dg_set_num_threads(int n) {
 int dg_get_num_threads(void) {
   if (!g_threads) dg_set_num_threads(0);
   return g_threads;
+}
+
+typedef struct {
+  dg__range_fn fn;
+  void *arg;
+  int64_t n, step;
+} range_job;
+
+static void range_task(void *arg, int i) {
+  const range_job *j = arg;
+  int64_t lo = i * j->step, hi = DG_MIN(lo + j->step, j->n);
+  if (lo < hi) j->fn(j->arg, lo, hi);
+}
+
+void dg__parallel_range(int64_t n, int64_t grain, dg__range_fn fn, void *arg) {
+  int threads = dg_get_num_threads();
+  if (grain < 1) grain = 1;
+  if (threads <= 1 || n < 2 * grain) {
+    if (n > 0) fn(arg, 0, n);
+    return;
+  }
+  int64_t chunks = DG_MIN((int64_t)threads, n / grain);
+  range_job j = {fn, arg, n, ((n + chunks - 1) / chunks + 15) / 16 * 16};
+  dg__parallel_for((int)((n + j.step - 1) / j.step), range_task, &j);
 }
