@@ -67,6 +67,7 @@ dg_node *dg__record(dg_ctx *ctx, const char *op, dg_backward_fn fn, dg_tensor *o
       if (t->params->first_use[t->param_id] < 0) t->params->first_use[t->param_id] = n->index;
     }
   }
+  n->release_out = out->node == NULL; /* several nodes may share one out */
   out->node = n;
   out->flags |= DG_TF_REQUIRES_GRAD;
   return n;
@@ -92,13 +93,64 @@ dg_tensor *dg__saved(dg_ctx *ctx, dg_node *node, int k) {
   return t;
 }
 
+/* ---- gradient buffer pool (per step, arena memory) ---- */
+
+static int gpool_slot(dg_ctx *ctx, size_t bytes, int create) {
+  for (int i = 0; i < 32; i++) {
+    if (ctx->gpool[i].bytes == bytes) return i;
+    if (!ctx->gpool[i].bytes) {
+      if (!create) return -1;
+      ctx->gpool[i].bytes = bytes;
+      return i;
+    }
+  }
+  return -1;
+}
+
+static void *gpool_take(dg_ctx *ctx, size_t bytes) {
+  int i = gpool_slot(ctx, bytes, 0);
+  void *p = i >= 0 ? ctx->gpool[i].head : NULL;
+  if (p) ctx->gpool[i].head = *(void **)p;
+  return p;
+}
+
+static void gpool_give(dg_ctx *ctx, dg_tensor *t) {
+  size_t bytes = (size_t)dg__numel(t) * sizeof(float);
+  int i = bytes >= sizeof(void *) ? gpool_slot(ctx, bytes, 1) : -1;
+  if (i < 0) return; /* tiny or too many sizes: left to the arena */
+  *(void **)t->grad->data = ctx->gpool[i].head;
+  ctx->gpool[i].head = t->grad->data;
+  t->grad = NULL;
+}
+
+/* A new f32 arena tensor of t's shape for t's gradient, from the pool when a
+ * dead buffer of the same size is available. */
+static dg_tensor *grad_tensor_new(dg_ctx *ctx, const dg_tensor *t) {
+  void *d = gpool_take(ctx, (size_t)dg__numel(t) * sizeof(float));
+  if (!d) return dg__new(ctx, "backward", DG_F32, t->ndim, t->shape);
+  dg_tensor *g = dg__arena_alloc(&ctx->arena, sizeof *g);
+  if (!g) {
+    dg__set_error(ctx, DG_ENOMEM, "backward: out of memory for a gradient header");
+    return NULL;
+  }
+  memset(g, 0, sizeof *g);
+  g->data = d;
+  g->ndim = t->ndim;
+  for (int i = 0; i < t->ndim; i++) g->shape[i] = t->shape[i];
+  dg__set_contig_strides(g);
+  g->dtype = DG_F32;
+  g->flags = DG_TF_ARENA;
+  g->param_id = -1;
+  return g;
+}
+
 float *dg__grad_buf_w(dg_ctx *ctx, dg_tensor *t, int *overwrite) {
   *overwrite = 0;
   if (!dg__wants_grad(t)) return NULL;
   if (!t->grad) {
     dg_tensor *g;
     if (t->flags & DG_TF_ARENA) {
-      g = dg__new(ctx, "backward", DG_F32, t->ndim, t->shape);
+      g = grad_tensor_new(ctx, t);
       if (!g) return NULL;
     } else if (dg_tensor_new(&g, DG_F32, t->ndim, t->shape)) {
       dg__set_error(ctx, DG_ENOMEM, "backward: out of memory for a leaf gradient");
@@ -208,6 +260,10 @@ static int run_node(dg_ctx *ctx, dg_node *n) {
   int rc = n->backward(ctx, n);
   if (rc) return rc;
   if (ctx->err) return ctx->err;
+  /* an intermediate's gradient is dead now (as torch's non-leaf .grad) */
+  if (n->release_out && (n->out->flags & DG_TF_ARENA) && n->out->grad &&
+      (n->out->grad->flags & DG_TF_ARENA))
+    gpool_give(ctx, n->out);
   for (int k = 0; k < n->nin; k++) {
     dg_tensor *t = n->in[k];
     if (t && t->params && t->param_id >= 0 && t->params->trainable[t->param_id])

@@ -102,3 +102,12 @@ void dg_mem_empty_cache(int device) {
   c->st.cached_bytes = 0;
   pthread_mutex_unlock(&g_mu);
 }
+
+void dg__dev_release(int device, void *p, size_t nbytes) {
+  if (!p || device != DG_CPU) return;
+  int k = size_class(nbytes);
+  pthread_mutex_lock(&g_mu);
+  g_dev[device].st.current_bytes -= (size_t)1 << k;
+  pthread_mutex_unlock(&g_mu);
+  dg__free(((void **)p)[-1]);
+}

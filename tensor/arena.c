@@ -46,16 +46,29 @@ void *dg__arena_alloc(dg_arena *a, size_t n) {
   return p;
 }
 
+/* Frees every chunk back to the system (not the cache: the growth chunks of
+ * a first step are one-off sizes that would otherwise stay resident). */
+static void arena_release(dg_arena *a) {
+  dg_arena_chunk *c = a->head;
+  while (c) {
+    dg_arena_chunk *n = c->next;
+    dg__dev_release(DG_CPU, c, HDR + c->cap);
+    c = n;
+  }
+  a->head = a->cur = NULL;
+}
+
 void dg__arena_reset(dg_arena *a) {
   if (a->head && a->head->next) {
-    /* several chunks: merge into one that fits a whole step */
-    size_t total = 0;
-    for (dg_arena_chunk *c = a->head; c; c = c->next) total += c->cap;
-    dg_arena_chunk *one = chunk_new(total);
+    /* several chunks: merge into one that fits the step just done (its
+     * bytes in use, plus slack for steps that vary a little) */
+    size_t want = a->used + a->used / 8 + ((size_t)1 << 20);
+    want = (want + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+    dg_arena_chunk *one = chunk_new(want);
     if (one) {
-      dg__arena_free(a);
+      arena_release(a);
       a->head = one;
-      a->reserved = total;
+      a->reserved = want;
     }
   }
   for (dg_arena_chunk *c = a->head; c; c = c->next) c->used = 0;

@@ -41,6 +41,7 @@ void dg_ctx_reset(dg_ctx *ctx) {
     for (int i = 0; i < ps->n; i++) ps->first_use[i] = -1, ps->fired[i] = 0;
   }
   ctx->nstores = 0;
+  memset(ctx->gpool, 0, sizeof ctx->gpool); /* its blocks were arena memory */
   dg__arena_reset(&ctx->arena);
   ctx->err = DG_OK;
   ctx->errmsg[0] = 0;

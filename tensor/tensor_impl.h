@@ -83,6 +83,8 @@ struct dg_node {
   double f[4];                    /* op scalar attributes */
   int64_t i[4];
   void *extra;                    /* op-specific arena data */
+  int release_out;                /* first node recorded for `out`: its
+                                     gradient is dead once this node ran */
 };
 
 typedef struct {
@@ -114,6 +116,13 @@ struct dg_ctx {
   void *pack_user;
   int pack_id;
   int in_backward;
+  /* Backward gradient buffers of intermediates are dead once their node has
+   * run: they go on free lists by exact byte size and are reused within the
+   * step, so backward needs a few buffers instead of one per activation. */
+  struct {
+    size_t bytes;
+    void *head;
+  } gpool[32];
 };
 
 struct dg_params {
@@ -203,5 +212,7 @@ void dg__ctx_uniform(dg_ctx *ctx, float *out, size_t n);
 /* ---- storage allocator (caching, with stats) ---- */
 void *dg__dev_alloc(int device, size_t nbytes);
 void dg__dev_free(int device, void *p, size_t nbytes);
+/* Returns a block to the system instead of the cache (one-off big blocks). */
+void dg__dev_release(int device, void *p, size_t nbytes);
 
 #endif
