@@ -15,8 +15,13 @@
  * Non-contiguous views are read in place through their strides.
  *
  * Backward: an input with the output's element count takes its gradient
- * directly (+=). A broadcast input's gradient is summed over its broadcast
- * dims in double precision (an arena scratch), then added. */
+ * directly (+=; a fresh gradient is stored instead, and for add it is a
+ * copy of dy). A broadcast input's gradient is summed over its broadcast
+ * dims in double precision (an arena scratch), then added or stored.
+ *
+ * The loops run through one kernel (run_range) compiled for AVX-512, AVX2
+ * and the baseline (DG_SIMD_FN) and split by output elements over the
+ * compute pool when long: element-wise, so any split gives the same bits. */
 #include <string.h>
 
 #include "tensor/cpu/cpu_impl.h"
@@ -136,30 +141,70 @@ static void bplan_init(bplan *p, int nd, const int64_t *shape, int nops, const o
   }
 
 /* One row: a (n, stride sa), b (n, stride sb), d (n) or NULL, o (n). */
-static void row(int kind, int acc, int64_t n, const float *a, int64_t sa, const float *b,
-                int64_t sb, const float *restrict d, float *restrict o) {
+DG_INLINE void row(int kind, int acc, int64_t n, const float *a, int64_t sa, const float *b,
+                   int64_t sb, const float *restrict d, float *restrict o) {
   if (acc) ROW_KINDS(+=)
   else ROW_KINDS(=)
 }
 
-/* Runs `kind` over the plan: o (total) [+]= f(a, b, d), with o and d
- * contiguous in the output's shape. */
+typedef struct {
+  const bplan *p;
+  int kind, acc;
+  const float *a, *b, *d;
+  float *o;
+} run_job;
+
+/* Output elements [lo, hi) of the plan: o [+]= f(a, b, d), with o and d
+ * contiguous in the output's shape. Rows may be cut at lo and hi. */
+DG_INLINE void run_range_body(const run_job *j, int64_t lo, int64_t hi) {
+  const bplan *p = j->p;
+  const int64_t n3 = p->n[3], n2 = p->n[2], n1 = p->n[1];
+  const int64_t sa3 = p->s[0][3], sb3 = p->s[1][3];
+  int64_t r = lo / n3, c = lo - r * n3;
+  for (int64_t off = lo; off < hi; r++, c = 0) {
+    int64_t i2 = r % n2, i1 = (r / n2) % n1, i0 = r / (n2 * n1);
+    int64_t oa = i0 * p->s[0][0] + i1 * p->s[0][1] + i2 * p->s[0][2] + c * sa3;
+    int64_t ob = i0 * p->s[1][0] + i1 * p->s[1][1] + i2 * p->s[1][2] + c * sb3;
+    int64_t len = DG_MIN(n3 - c, hi - off);
+    row(j->kind, j->acc, len, j->a + oa, sa3, j->b + ob, sb3, j->d ? j->d + off : NULL,
+        j->o + off);
+    off += len;
+  }
+}
+DG_SIMD_FN(run_range, (const run_job *j, int64_t lo, int64_t hi), (j, lo, hi))
+
+static void run_task(void *arg, int64_t lo, int64_t hi) { run_range(arg, lo, hi); }
+
+/* Runs `kind` over the plan, split over the pool when long. */
 static void bplan_run(const bplan *p, int kind, int acc, const float *a, const float *b,
                       const float *d, float *o) {
-  int64_t off = 0, n3 = p->n[3];
-  for (int64_t i0 = 0; i0 < p->n[0]; i0++)
-    for (int64_t i1 = 0; i1 < p->n[1]; i1++)
-      for (int64_t i2 = 0; i2 < p->n[2]; i2++, off += n3) {
-        int64_t oa = i0 * p->s[0][0] + i1 * p->s[0][1] + i2 * p->s[0][2];
-        int64_t ob = i0 * p->s[1][0] + i1 * p->s[1][1] + i2 * p->s[1][2];
-        row(kind, acc, n3, a + oa, p->s[0][3], b + ob, p->s[1][3], d ? d + off : NULL, o + off);
-      }
+  run_job j = {p, kind, acc, a, b, d, o};
+  dg__parallel_range(p->total, DG_GRAIN_MEM, run_task, &j);
 }
 
-/* gx (x's shape, contiguous) += scale * g (output shape, contiguous) summed
- * over the dims along which x was broadcast. Sums in double. */
+/* The plan of a flat loop over n elements with strides sa, sb (0 or 1). */
+static void bplan_flat(bplan *p, int64_t n, int64_t sa, int64_t sb) {
+  memset(p, 0, sizeof *p);
+  p->nd = 1;
+  p->n[0] = p->n[1] = p->n[2] = 1;
+  p->n[3] = n ? n : 1;
+  p->s[0][3] = sa, p->s[1][3] = sb;
+  p->total = n;
+}
+
+/* o (n) [+]= f(a, b, d) over flat contiguous memory (strides sa, sb). */
+static void run_flat(int kind, int acc, int64_t n, const float *a, int64_t sa, const float *b,
+                     int64_t sb, const float *d, float *o) {
+  bplan p;
+  bplan_flat(&p, n, sa, sb);
+  bplan_run(&p, kind, acc, a, b, d, o);
+}
+
+/* gx (x's shape, contiguous) (+)= scale * g (output shape, contiguous)
+ * summed over the dims along which x was broadcast; acc = 0 stores. Sums in
+ * double. */
 static int reduce_into(dg_ctx *ctx, const dg_tensor *out, const dg_tensor *x, const float *g,
-                       float scale, float *gx) {
+                       float scale, int acc_gx, float *gx) {
   int64_t nx = dg__numel(x), cs[DG_MAX_DIMS], st = 1;
   for (int i = x->ndim - 1; i >= 0; i--) cs[i] = st, st *= x->shape[i];
   operand op = {x->ndim, x->shape, cs};
@@ -182,7 +227,8 @@ static int reduce_into(dg_ctx *ctx, const dg_tensor *out, const dg_tensor *x, co
           ar[0] += s;
         }
       }
-  for (int64_t i = 0; i < nx; i++) gx[i] += (float)(scale * acc[i]);
+  if (acc_gx) for (int64_t i = 0; i < nx; i++) gx[i] += (float)(scale * acc[i]);
+  else for (int64_t i = 0; i < nx; i++) gx[i] = (float)(scale * acc[i]);
   return DG_OK;
 }
 
@@ -191,59 +237,40 @@ static int reduce_into(dg_ctx *ctx, const dg_tensor *out, const dg_tensor *x, co
 /* Gradient for input k (0 = a, 1 = b) of a broadcast op. */
 static int binary_grad_input(dg_ctx *ctx, dg_node *nd, int k, dg_tensor *sa, dg_tensor *sb,
                              const bplan *p) {
-  int op = (int)nd->i[0];
+  int op = (int)nd->i[0], overwrite;
   dg_tensor *x = nd->in[k], *out = nd->out;
-  float *gx = dg__grad_buf(ctx, x);
+  float *gx = dg__grad_buf_w(ctx, x, &overwrite);
   if (!gx) return ctx->err;
   const float *d = out->grad->data; /* (out shape) */
   int64_t n = dg__numel(out);
   int full = dg__numel(x) == n; /* x not broadcast: gx has the output's layout */
-  float sign = (op == OP_SUB && k == 1) ? -1.0f : 1.0f;
+  static const float sign[2] = {1.0f, -1.0f};
+  const float *sg = &sign[op == OP_SUB && k == 1];
   if (op == OP_ADD || op == OP_SUB) {
-    if (!full) return reduce_into(ctx, out, x, d, sign, gx);
-    if (sign > 0) for (int64_t i = 0; i < n; i++) gx[i] += d[i];
-    else for (int64_t i = 0; i < n; i++) gx[i] -= d[i];
+    if (!full) return reduce_into(ctx, out, x, d, *sg, !overwrite, gx);
+    if (overwrite && *sg > 0) memcpy(gx, d, (size_t)n * sizeof *gx); /* fresh: a copy of dy */
+    else run_flat(K_GMUL_A, !overwrite, n, d, 1, sg, 0, d, gx);     /* gx (+)= +-dy */
     return DG_OK;
   }
   int kind = op == OP_MUL ? (k ? K_GMUL_B : K_GMUL_A) : (k ? K_GDIV_B : K_GDIV_A);
   if (full) {
-    bplan_run(p, kind, 1, sa->data, sb->data, d, gx);
+    bplan_run(p, kind, !overwrite, sa->data, sb->data, d, gx);
     return DG_OK;
   }
   float *g = dg__arena_alloc(&ctx->arena, (size_t)(n ? n : 1) * sizeof *g);
   if (!g) return dg__set_error(ctx, DG_ENOMEM, "%s backward: out of memory", nd->op);
   bplan_run(p, kind, 0, sa->data, sb->data, d, g);
-  return reduce_into(ctx, out, x, g, 1.0f, gx);
-}
-
-/* Same shapes, everything contiguous: fused single-pass loops. */
-static void binary_grad_flat(int op, int64_t n, const float *restrict d, const float *restrict a,
-                             const float *restrict b, float *da, float *db) {
-  if (op == OP_MUL) {
-    if (da) for (int64_t i = 0; i < n; i++) da[i] += d[i] * b[i];
-    if (db) for (int64_t i = 0; i < n; i++) db[i] += d[i] * a[i];
-  } else { /* OP_DIV */
-    if (da) for (int64_t i = 0; i < n; i++) da[i] += d[i] / b[i];
-    if (db) for (int64_t i = 0; i < n; i++) db[i] -= d[i] * a[i] / (b[i] * b[i]);
-  }
+  return reduce_into(ctx, out, x, g, 1.0f, !overwrite, gx);
 }
 
 static int binary_backward(dg_ctx *ctx, dg_node *nd) {
   int op = (int)nd->i[0];
   dg_tensor *sa = NULL, *sb = NULL;
+  bplan p;
   if (op == OP_MUL || op == OP_DIV) {
     sa = dg__saved(ctx, nd, 0);
     sb = dg__saved(ctx, nd, 1);
     if (!sa || !sb) return ctx->err;
-    if (dg__same_shape(sa, sb) && dg__is_contig(sa) && dg__is_contig(sb)) {
-      float *da = dg__grad_buf(ctx, nd->in[0]), *db = dg__grad_buf(ctx, nd->in[1]);
-      if (ctx->err) return ctx->err;
-      binary_grad_flat(op, dg__numel(sa), nd->out->grad->data, sa->data, sb->data, da, db);
-      return DG_OK;
-    }
-  }
-  bplan p;
-  if (sa) {
     operand ops[2] = {{sa->ndim, sa->shape, sa->stride}, {sb->ndim, sb->shape, sb->stride}};
     bplan_init(&p, nd->out->ndim, nd->out->shape, 2, ops);
   }
@@ -271,21 +298,11 @@ static dg_tensor *binary(dg_ctx *ctx, int op, dg_tensor *a, dg_tensor *b) {
   if (!ctx || binary_check(ctx, name, a, b, &nd, shape)) return NULL;
   dg_tensor *y = dg__new(ctx, name, DG_F32, nd, shape);
   if (!y) return NULL;
-  int64_t n = dg__numel(y);
-  float *restrict o = y->data;
-  const float *restrict pa = a->data, *restrict pb = b->data;
-  if (dg__same_shape(a, b) && dg__is_contig(a) && dg__is_contig(b)) {
-    switch (op) { /* the most common case: one flat loop */
-      case OP_ADD: for (int64_t i = 0; i < n; i++) o[i] = pa[i] + pb[i]; break;
-      case OP_SUB: for (int64_t i = 0; i < n; i++) o[i] = pa[i] - pb[i]; break;
-      case OP_MUL: for (int64_t i = 0; i < n; i++) o[i] = pa[i] * pb[i]; break;
-      default: for (int64_t i = 0; i < n; i++) o[i] = pa[i] / pb[i]; break;
-    }
-  } else if (n) {
+  if (dg__numel(y)) { /* same shape and contiguous: one flat loop after merging */
     operand ops[2] = {{a->ndim, a->shape, a->stride}, {b->ndim, b->shape, b->stride}};
     bplan p;
     bplan_init(&p, nd, shape, 2, ops);
-    bplan_run(&p, K_ADD + op, 0, pa, pb, NULL, o);
+    bplan_run(&p, K_ADD + op, 0, a->data, b->data, NULL, y->data);
   }
   dg_tensor *in[2] = {a, b};
   if (dg__needs_grad(ctx, 2, in)) {
@@ -306,11 +323,14 @@ dg_tensor *dg_div(dg_ctx *ctx, dg_tensor *a, dg_tensor *b) { return binary(ctx, 
 /* ---- scale / add_scalar: y = a * s, y = a + s ---- */
 
 static int scalar_backward(dg_ctx *ctx, dg_node *nd) {
-  float *restrict dx = dg__grad_buf(ctx, nd->in[0]); /* (x shape) */
+  int overwrite;
+  float *dx = dg__grad_buf_w(ctx, nd->in[0], &overwrite); /* (x shape) */
   if (!dx) return ctx->err;
-  const float *restrict dy = nd->out->grad->data;
+  const float *dy = nd->out->grad->data;
   float s = (float)nd->f[0]; /* 1 for add_scalar */
-  for (int64_t i = 0, n = dg__numel(nd->out); i < n; i++) dx[i] += s * dy[i];
+  int64_t n = dg__numel(nd->out);
+  if (overwrite && s == 1.0f) memcpy(dx, dy, (size_t)n * sizeof *dx);
+  else run_flat(K_GMUL_A, !overwrite, n, dy, 1, &s, 0, dy, dx); /* dx (+)= s * dy */
   return DG_OK;
 }
 
@@ -318,12 +338,9 @@ static dg_tensor *scalar_op(dg_ctx *ctx, const char *name, dg_tensor *a, float s
   if (!ctx || dg__null_input(ctx, name, "a", a) || !dg__check_f32(ctx, name, "a", a))
     return NULL;
   dg_tensor *y = dg__new_like(ctx, name, a);
-  const float *restrict x = y ? dg__contig_data(ctx, name, a) : NULL;
+  const float *x = y ? dg__contig_data(ctx, name, a) : NULL;
   if (!x) return NULL;
-  float *restrict o = y->data;
-  int64_t n = dg__numel(y);
-  if (mul) for (int64_t i = 0; i < n; i++) o[i] = x[i] * s;
-  else for (int64_t i = 0; i < n; i++) o[i] = x[i] + s;
+  run_flat(mul ? K_MUL : K_ADD, 0, dg__numel(y), x, 1, &s, 0, NULL, y->data);
   if (dg__needs_grad(ctx, 1, &a)) {
     dg_node *node = dg__record(ctx, name, scalar_backward, y, 1, &a);
     if (!node) return NULL;
