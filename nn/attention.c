@@ -19,6 +19,26 @@ static dg_tensor *to_heads(dg_ctx *ctx, dg_tensor *x, int64_t B, int64_t T, int 
   return dg_reshape(ctx, dg_contiguous(ctx, p), 3, s3);
 }
 
+/* Unfused path, for dropout on the attention probabilities. */
+static dg_tensor *attn_unfused(dg_ctx *ctx, dg_tensor *qkv, int64_t B, int64_t T, int64_t C,
+                               int H, float dropout) {
+  int64_t hd = C / H;
+  dg_tensor *parts[3] = {NULL, NULL, NULL};
+  int64_t sizes[3] = {C, C, C};
+  if (dg_split(ctx, qkv, 2, 3, sizes, parts)) return NULL;
+  dg_tensor *q = to_heads(ctx, parts[0], B, T, H, hd);
+  dg_tensor *k = to_heads(ctx, parts[1], B, T, H, hd);
+  dg_tensor *v = to_heads(ctx, parts[2], B, T, H, hd);
+  dg_tensor *att = dg_scale(ctx, dg_matmul_t(ctx, q, k, 0, 1), 1.0f / sqrtf((float)hd));
+  att = dg_softmax(ctx, dg_causal_mask(ctx, att)); /* (B*H, T, T) */
+  att = dg_dropout(ctx, att, dropout);
+  dg_tensor *y = dg_matmul(ctx, att, v); /* (B*H, T, hd) */
+  int64_t s4[4] = {B, H, T, hd}, s3[3] = {B, T, C};
+  int perm[4] = {0, 2, 1, 3};
+  y = dg_permute(ctx, dg_reshape(ctx, y, 4, s4), perm); /* (B, T, H, hd) */
+  return dg_reshape(ctx, dg_contiguous(ctx, y), 3, s3);
+}
+
 static dg_tensor *attn_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   attn_m *a = (attn_m *)m;
   if (!x) return NULL;
@@ -28,22 +48,12 @@ static dg_tensor *attn_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
                   (long long)a->dim, dg__shape_str(x, b, sizeof b), (long long)a->dim);
     return NULL;
   }
-  int64_t B = x->shape[0], T = x->shape[1], C = a->dim, H = a->heads, hd = C / H;
+  int64_t B = x->shape[0], T = x->shape[1], C = a->dim, hd = C / a->heads;
+  int drop = a->dropout > 0 && m->train && dg_ctx_is_train(ctx);
   dg_tensor *qkv = dg_module_forward(m->children[0], ctx, x); /* (B, T, 3C) */
-  dg_tensor *parts[3] = {NULL, NULL, NULL};
-  int64_t sizes[3] = {C, C, C};
-  if (!qkv || dg_split(ctx, qkv, 2, 3, sizes, parts)) return NULL;
-  dg_tensor *q = to_heads(ctx, parts[0], B, T, (int)H, hd);
-  dg_tensor *k = to_heads(ctx, parts[1], B, T, (int)H, hd);
-  dg_tensor *v = to_heads(ctx, parts[2], B, T, (int)H, hd);
-  dg_tensor *att = dg_scale(ctx, dg_matmul_t(ctx, q, k, 0, 1), 1.0f / sqrtf((float)hd));
-  att = dg_softmax(ctx, dg_causal_mask(ctx, att)); /* (B*H, T, T) */
-  if (a->dropout > 0 && m->train) att = dg_dropout(ctx, att, a->dropout);
-  dg_tensor *y = dg_matmul(ctx, att, v); /* (B*H, T, hd) */
-  int64_t s4[4] = {B, H, T, hd}, s3[3] = {B, T, C};
-  int perm[4] = {0, 2, 1, 3};
-  y = dg_permute(ctx, dg_reshape(ctx, y, 4, s4), perm); /* (B, T, H, hd) */
-  y = dg_reshape(ctx, dg_contiguous(ctx, y), 3, s3);
+  if (!qkv) return NULL;
+  dg_tensor *y = drop ? attn_unfused(ctx, qkv, B, T, C, a->heads, a->dropout)
+                      : dg_attention(ctx, qkv, a->heads, 1, 1.0f / sqrtf((float)hd)); /* (B, T, C) */
   y = dg_module_forward(m->children[1], ctx, y);
   if (a->dropout > 0 && m->train) y = dg_dropout(ctx, y, a->dropout);
   return y;

@@ -82,6 +82,17 @@ dg_tensor *dg_concat(dg_ctx *ctx, int n, dg_tensor *const *xs, int dim);
 int dg_split(dg_ctx *ctx, dg_tensor *x, int dim, int n, const int64_t *sizes,
              dg_tensor **out);
 
+/* ---- fused attention ---- */
+/* Multi-head self-attention on the packed projection of a c_attn linear:
+ * qkv (B, T, 3C), laid out [q | k | v] along the last dim, each split into
+ * `heads` blocks of C / heads -> y (B, T, C), heads merged:
+ *   y[b, :, h] = softmax(scale * q[b, :, h] k[b, :, h]^T [+ causal mask]) v[b, :, h]
+ * causal != 0 masks key j > query i. One op forward and backward: no
+ * split, permute or head copies; saves qkv and the probabilities
+ * (B, heads, T, T). No dropout on the probabilities (compose
+ * dg_matmul_t / dg_causal_mask / dg_softmax / dg_dropout for that). */
+dg_tensor *dg_attention(dg_ctx *ctx, dg_tensor *qkv, int heads, int causal, float scale);
+
 #ifdef __cplusplus
 }
 #endif
