@@ -24,8 +24,6 @@
  * the aligned variants) in this binary: every call, from dgrad, OpenBLAS or
  * libc, goes through the counters below and on to glibc's __libc_* entry
  * points. The count covers the timed steps only (after warmup). */
-#include <errno.h>
-#include <execinfo.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,75 +34,8 @@
 
 #include <dgrad.h>
 
-/* ---- heap-call counting (interposition) ---- */
+#include "alloc_count.h"
 
-extern void *__libc_malloc(size_t n);
-extern void *__libc_calloc(size_t n, size_t sz);
-extern void *__libc_realloc(void *p, size_t n);
-extern void *__libc_memalign(size_t align, size_t n);
-extern void __libc_free(void *p);
-
-static uint64_t g_allocs; /* malloc, calloc, realloc, aligned variants */
-static uint64_t g_frees;  /* free of a non-NULL pointer */
-/* MLP_TRACE_ALLOCS=1: print a backtrace (stderr) for every allocation made
- * during the timed steps, to find who allocates. */
-static int g_trace;
-static __thread int g_in_trace;
-
-static void count_alloc(void) {
-  __atomic_fetch_add(&g_allocs, 1, __ATOMIC_RELAXED);
-  if (__atomic_load_n(&g_trace, __ATOMIC_RELAXED) && !g_in_trace) {
-    void *bt[16];
-    g_in_trace = 1;
-    int n = backtrace(bt, 16);
-    fprintf(stderr, "-- heap allocation during a timed step:\n");
-    backtrace_symbols_fd(bt, n, 2);
-    g_in_trace = 0;
-  }
-}
-
-void *malloc(size_t n) {
-  count_alloc();
-  return __libc_malloc(n);
-}
-
-void *calloc(size_t n, size_t sz) {
-  count_alloc();
-  return __libc_calloc(n, sz);
-}
-
-void *realloc(void *p, size_t n) {
-  count_alloc();
-  return __libc_realloc(p, n);
-}
-
-void free(void *p) {
-  if (p) __atomic_fetch_add(&g_frees, 1, __ATOMIC_RELAXED);
-  __libc_free(p);
-}
-
-void *memalign(size_t align, size_t n);
-void *memalign(size_t align, size_t n) {
-  count_alloc();
-  return __libc_memalign(align, n);
-}
-
-void *aligned_alloc(size_t align, size_t n) {
-  count_alloc();
-  return __libc_memalign(align, n);
-}
-
-int posix_memalign(void **out, size_t align, size_t n) {
-  count_alloc();
-  if (align < sizeof(void *) || (align & (align - 1))) return EINVAL;
-  void *p = __libc_memalign(align, n);
-  if (!p && n) return ENOMEM;
-  *out = p;
-  return 0;
-}
-
-static uint64_t allocs_now(void) { return __atomic_load_n(&g_allocs, __ATOMIC_RELAXED); }
-static uint64_t frees_now(void) { return __atomic_load_n(&g_frees, __ATOMIC_RELAXED); }
 
 /* ---- model ---- */
 
@@ -248,12 +179,7 @@ int main(int argc, char **argv) {
   for (long s = 0; s < warmup; s++)
     if (isnan(loss = step(ctx, &m, x, y, batch, lr))) return 1;
 
-  const char *tr = getenv("MLP_TRACE_ALLOCS");
-  if (tr && *tr && *tr != '0') {
-    void *bt[2];
-    backtrace(bt, 2); /* loads libgcc now, not inside the window */
-    __atomic_store_n(&g_trace, 1, __ATOMIC_RELAXED);
-  }
+  bench_trace_from_env("MLP_TRACE_ALLOCS");
   uint64_t a0 = allocs_now(), f0 = frees_now();
   double t0 = now_s(), c0 = cpu_s();
   long done = 0;
@@ -265,7 +191,7 @@ int main(int argc, char **argv) {
   double dt = now_s() - t0, dc = cpu_s() - c0;
   steps = done;
   uint64_t a1 = allocs_now(), f1 = frees_now();
-  __atomic_store_n(&g_trace, 0, __ATOMIC_RELAXED);
+  bench_trace_allocs(0);
 
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
