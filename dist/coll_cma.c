@@ -64,10 +64,9 @@ int dg__cma_setup(dg_pg *pg, const uint64_t *probe, const char *const *hosts) {
 }
 
 /* Sends `n` bytes to every peer and receives as many from each. */
-static int all_exchange(dg_coll *c, const void *mine, void *theirs, size_t n) {
+static int all_exchange(dg_coll *c, dg_xop *ops, const void *mine, void *theirs, size_t n) {
   int W = c->size, rc = DG_OK;
-  dg_xop *ops = dg__calloc(2 * (size_t)W, sizeof *ops);
-  if (!ops) return dg__coll_fail(c, DG_ENOMEM, "out of memory");
+  memset(ops, 0, 2 * (size_t)W * sizeof *ops);
   for (int p = 0; p < W && rc == DG_OK; p++) {
     if (p == c->rank) continue;
     rc = dg__coll_recv(c, &ops[2 * p], p, theirs ? (char *)theirs + (size_t)p * n : NULL, n);
@@ -78,7 +77,6 @@ static int all_exchange(dg_coll *c, const void *mine, void *theirs, size_t n) {
     rc = dg__coll_wait(c, &ops[2 * p]);
     if (rc == DG_OK) rc = dg__coll_wait(c, &ops[2 * p + 1]);
   }
-  dg__free(ops);
   return rc;
 }
 
@@ -98,13 +96,13 @@ int dg__allreduce_cma(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop
   int W = c->size, r = c->rank;
   size_t es = dg_dtype_size(dt), moff, mn;
   unsigned char *b = buf;
-  uint64_t mine = (uint64_t)(uintptr_t)buf, *addr = dg__calloc((size_t)W, sizeof *addr);
+  /* tmp (op arrays): W peer addresses, then 2W ops */
+  uint64_t mine = (uint64_t)(uintptr_t)buf;
+  uint64_t *addr = dg__coll_tmp(c, (size_t)W * (sizeof *addr + 2 * sizeof(dg_xop)));
   unsigned char *tmp = dg__coll_scratch(c, CMA_SEG);
-  if (!addr || !tmp) {
-    dg__free(addr);
-    return dg__coll_fail(c, DG_ENOMEM, "out of memory");
-  }
-  int rc = all_exchange(c, &mine, addr, sizeof mine);
+  if (!addr || !tmp) return dg__coll_fail(c, DG_ENOMEM, "out of memory");
+  dg_xop *ops = (dg_xop *)(addr + W);
+  int rc = all_exchange(c, ops, &mine, addr, sizeof mine);
   block(count, W, r, &moff, &mn);
   /* My block: peers' values in rank order, one cache-sized piece at a time. */
   for (size_t o = 0; o < mn * es && rc == DG_OK; o += CMA_SEG) {
@@ -116,7 +114,7 @@ int dg__allreduce_cma(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop
       else dg__reduce(b + moff * es + o, tmp, len / es, dt, op);
     }
   }
-  if (rc == DG_OK) rc = all_exchange(c, NULL, NULL, 0); /* "reduced" */
+  if (rc == DG_OK) rc = all_exchange(c, ops, NULL, NULL, 0); /* "reduced" */
   for (int p = 0; p < W && rc == DG_OK; p++) {
     if (p == r) continue;
     size_t off, n;
@@ -124,7 +122,6 @@ int dg__allreduce_cma(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop
     int e = n ? read_peer(c->pg->pids[p], b + off * es, addr[p] + off * es, n * es) : 0;
     if (e < 0) rc = cma_fail(c, p, e);
   }
-  if (rc == DG_OK) rc = all_exchange(c, NULL, NULL, 0); /* "done reading" */
-  dg__free(addr);
+  if (rc == DG_OK) rc = all_exchange(c, ops, NULL, NULL, 0); /* "done reading" */
   return rc;
 }

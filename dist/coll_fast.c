@@ -149,7 +149,7 @@ static int direct_setup(direct_t *d, dg_coll *c, size_t count, dg_dtype dt, int 
   size_t big = count / (size_t)c->size + 1;
   d->nseg = (int)((big + d->segel - 1) / d->segel);
   size_t n = (size_t)c->size * (size_t)d->nseg;
-  dg_xop *ops = dg__calloc(n * (size_t)nsets, sizeof *ops);
+  dg_xop *ops = dg__coll_tmp(c, n * (size_t)nsets * sizeof *ops);
   if (!ops) return DG_ENOMEM;
   d->rs_r = ops;
   d->rs_s = ops + n;
@@ -185,7 +185,6 @@ int dg__allreduce_direct(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_re
   }
   if (rc == DG_OK) rc = wait_all(&d, d.ag_r, count, 0);
   if (rc == DG_OK) rc = wait_all(&d, d.ag_s, count, 1);
-  dg__free(d.rs_r);
   return rc;
 }
 
@@ -206,6 +205,5 @@ int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_d
   if (rc == DG_OK) rc = direct_rs(&d, in, out, scratch, total, dt, op, 0);
   if (rc == DG_OK) rc = wait_all(&d, d.rs_s, total, 0);
   if (rc == DG_OK && op == DG_RED_AVG) dg__scale_div(out, count, dt, c->size);
-  dg__free(d.rs_r);
   return rc;
 }

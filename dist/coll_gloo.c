@@ -83,7 +83,7 @@ int dg__gloo_broadcast(dg_coll *c, void *buf, size_t bytes, int root) {
   size_t W = (size_t)c->size, vr = ((size_t)c->rank + W - (size_t)root) % W, dim = 0;
   while (((size_t)1 << dim) < W) dim++;
   size_t mask = ((size_t)1 << dim) - 1, nsend = 0;
-  dg_xop *sops = dg__calloc(dim ? dim : 1, sizeof *sops);
+  dg_xop *sops = dg__coll_tmp(c, (dim ? dim : 1) * sizeof *sops);
   if (!sops) return dg__coll_fail(c, DG_ENOMEM, "out of memory");
   int rc = DG_OK;
   for (size_t i = 0; i < dim && rc == DG_OK; i++) {
@@ -101,7 +101,6 @@ int dg__gloo_broadcast(dg_coll *c, void *buf, size_t bytes, int root) {
     }
   }
   for (size_t i = 0; i < nsend && rc == DG_OK; i++) rc = dg__coll_wait(c, &sops[i]);
-  dg__free(sops);
   return rc;
 }
 

@@ -260,6 +260,8 @@ static void pg_destroy(dg_pg *pg) {
   dg__pg_stop_worker(pg);
   if (pg->x) pg->x->vt->destroy(pg->x);
   dg__free(pg->scratch);
+  dg__free(pg->tmp);
+  dg__pg_free_works(pg);
   dg__free(pg->pids);
   dg_store_free(pg->s_dev);
   dg_store_free(pg->s_grp);

@@ -63,6 +63,9 @@ struct dg_pg {
   int busy; /* a collective is running (worker or a waiting caller) */
   void *scratch; /* grow-only, used by the running collective only */
   size_t scratch_cap;
+  void *tmp; /* grow-only, the running collective's op arrays */
+  size_t tmp_cap;
+  dg_work *wfree; /* freed works, reused by the next post (under mu) */
   pthread_t worker;
   int worker_started;
   uint32_t tag;
@@ -84,6 +87,12 @@ typedef struct {
 /* Scratch for the running collective (kept between calls: no page faults
  * on the hot path); NULL when out of memory. */
 void *dg__coll_scratch(dg_coll *c, size_t bytes);
+/* A second such buffer, zeroed, for the running collective's op arrays
+ * (steady-state collectives allocate nothing). */
+void *dg__coll_tmp(dg_coll *c, size_t bytes);
+
+/* Frees the pool of freed works (group teardown). */
+void dg__pg_free_works(dg_pg *pg);
 
 const char *dg__work_name(const dg_work *w);
 /* Post / wait with the work's deadline; on failure the work's message is

@@ -61,6 +61,17 @@ void *dg__coll_scratch(dg_coll *c, size_t bytes) {
   return pg->scratch;
 }
 
+void *dg__coll_tmp(dg_coll *c, size_t bytes) {
+  dg_pg *pg = c->pg;
+  if (bytes > pg->tmp_cap) {
+    dg__free(pg->tmp);
+    pg->tmp = dg__malloc(bytes);
+    pg->tmp_cap = pg->tmp ? bytes : 0;
+  }
+  if (pg->tmp) memset(pg->tmp, 0, bytes);
+  return pg->tmp;
+}
+
 static int post(dg_coll *c, dg_xop *op, int peer, void *buf, size_t n, int send) {
   *op = (dg_xop){.peer = peer, .slot = c->slot, .buf = buf, .n = n,
                  .eager = c->eager && c->x->all_dgrad && n <= c->x->eager_max};
@@ -190,10 +201,16 @@ void dg__pg_stop_worker(dg_pg *pg) {
   pg->worker_started = 0;
 }
 
+/* A work from the group's pool (works freed by dg_work_free go back to
+ * it), so steady-state collectives allocate nothing. */
 static dg_work *new_work(dg_pg *pg, dg_wkind k, dg_dtype dt) {
   if (!pg || (unsigned)dt >= DG_NDTYPES) return NULL;
-  dg_work *w = dg__calloc(1, sizeof *w);
-  if (!w) return NULL;
+  pthread_mutex_lock(&pg->mu);
+  dg_work *w = pg->wfree;
+  if (w) pg->wfree = w->next;
+  pthread_mutex_unlock(&pg->mu);
+  if (w) memset(w, 0, sizeof *w);
+  else if (!(w = dg__calloc(1, sizeof *w))) return NULL;
   w->pg = pg;
   w->kind = k;
   w->dt = dt;
@@ -390,7 +407,19 @@ void dg_work_free(dg_work *w) {
   if (!w) return;
   while (dg_work_wait(w, 0) == DG_EAGAIN) {
   }
-  dg__free(w);
+  dg_pg *pg = w->pg;
+  pthread_mutex_lock(&pg->mu);
+  w->next = pg->wfree;
+  pg->wfree = w;
+  pthread_mutex_unlock(&pg->mu);
+}
+
+void dg__pg_free_works(dg_pg *pg) {
+  while (pg->wfree) {
+    dg_work *w = pg->wfree;
+    pg->wfree = w->next;
+    dg__free(w);
+  }
 }
 
 int dg_pg_allreduce_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op) {

@@ -116,7 +116,11 @@ const char *dg_pg_errmsg(const dg_pg *pg);
 int dg_pg_set_algo(dg_pg *pg, dg_algo algo);
 
 /* Collectives. `w` receives the work (free it with dg_work_free); on a
- * failed post (bad arguments) *w is NULL. */
+ * failed post (bad arguments) *w is NULL. Works belong to their group:
+ * dg_work_free returns one to the group's pool, where the next post reuses
+ * it (a steady-state training step allocates nothing), and dg_pg_free
+ * releases the pool. So free every work before its group; a work not
+ * freed by then is leaked. */
 int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op,
                     dg_work **w);
 int dg_pg_broadcast(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root, dg_work **w);
@@ -143,7 +147,8 @@ int dg_work_test(dg_work *w, int *done);
 /* Elements received (recv works), else count. */
 size_t dg_work_count(const dg_work *w);
 const char *dg_work_errmsg(const dg_work *w);
-/* Waits for a running work (bounded by its deadline), then frees. */
+/* Waits for a running work (bounded by its deadline), then gives it back
+ * to its group (which must still exist). NULL: no-op. */
 void dg_work_free(dg_work *w);
 
 /* Convenience: post, wait, free. */

@@ -30,6 +30,93 @@ static void complete(dg_tcp_xport *x, dg_xop *op, int status) {
   (void)x;
 }
 
+/* ---- pools (lock held) ---- */
+
+static dg_tcp_msg *msg_get(dg_tcp_xport *x) {
+  dg_tcp_msg *m = x->msg_free;
+  if (m) x->msg_free = m->next;
+  else m = dg__malloc(sizeof *m);
+  return m;
+}
+
+static void msg_put(dg_tcp_xport *x, dg_tcp_msg *m) {
+  m->next = x->msg_free;
+  x->msg_free = m;
+}
+
+/* A holder with room for n bytes: every holder takes the largest eager
+ * message, so the pool never needs to grow a buffer again. */
+static dg_xop *unx_get(dg_tcp_xport *x, size_t n) {
+  dg_tcp_unx *u = (dg_tcp_unx *)x->unx_free;
+  if (u) x->unx_free = u->op.next;
+  else if (!(u = dg__calloc(1, sizeof *u))) return NULL;
+  if (n < DG_TCP_EAGER_MAX) n = DG_TCP_EAGER_MAX;
+  if (u->cap < n || !u->op.buf) {
+    void *b = dg__realloc(u->op.buf, n);
+    if (!b) {
+      dg__free(u->op.buf);
+      dg__free(u);
+      return NULL;
+    }
+    u->op.buf = b;
+    u->cap = n;
+  }
+  void *b = u->op.buf;
+  u->op = (dg_xop){.buf = b};
+  return &u->op;
+}
+
+static void unx_put(dg_tcp_xport *x, dg_xop *op) {
+  op->next = x->unx_free;
+  x->unx_free = op;
+}
+
+static void pools_free(dg_tcp_xport *x) {
+  while (x->msg_free) {
+    dg_tcp_msg *m = x->msg_free;
+    x->msg_free = m->next;
+    dg__free(m);
+  }
+  while (x->unx_free) {
+    dg_xop *u = x->unx_free;
+    x->unx_free = u->next;
+    dg__free(u->buf);
+    dg__free(u);
+  }
+}
+
+/* Fills the pools and the RECV_READY banks to what a few collectives in
+ * flight need, so steady-state traffic does not hit a new high-water mark
+ * (an allocation) at some random later step. */
+static int pools_warm(dg_tcp_xport *x) {
+  int peers = x->base.size - 1;
+  for (int i = 0; i < 8 * peers; i++) {
+    dg_tcp_msg *m = dg__malloc(sizeof *m);
+    if (!m) return DG_ENOMEM;
+    msg_put(x, m);
+  }
+  dg_xop *held = NULL; /* take them all, then give them back */
+  for (int i = 0; i < DG_MIN(4 * peers, 32); i++) {
+    dg_xop *u = unx_get(x, 0);
+    if (!u) break;
+    u->next = held;
+    held = u;
+  }
+  while (held) {
+    dg_xop *n = held->next;
+    unx_put(x, held);
+    held = n;
+  }
+  if (!x->unx_free && peers) return DG_ENOMEM;
+  for (int i = 0; i < x->base.size; i++) {
+    dg_tcp_pair *p = &x->pairs[i];
+    if (i == x->base.rank || p->caprr) continue;
+    if (!(p->rr = dg__malloc(8 * sizeof *p->rr))) return DG_ENOMEM;
+    p->caprr = 8;
+  }
+  return DG_OK;
+}
+
 static void fail_list(dg_tcp_xport *x, dg_xop *op, int code) {
   while (op) {
     dg_xop *n = op->next;
@@ -48,7 +135,7 @@ static void close_pair(dg_tcp_xport *x, dg_tcp_pair *p, int code) {
     dg_tcp_msg *m = p->out;
     p->out = m->next;
     if (m->op) complete(x, m->op, code);
-    dg__free(m);
+    msg_put(x, m);
   }
   p->out_tail = NULL;
   p->nrr = 0;
@@ -56,8 +143,7 @@ static void close_pair(dg_tcp_xport *x, dg_tcp_pair *p, int code) {
   else if (p->unx_tail) p->unx_tail->next = NULL;
   for (dg_xop *u = p->rop_unx ? p->rop_unx : p->unx; u;) {
     dg_xop *n = u->next;
-    dg__free(u->buf);
-    dg__free(u);
+    unx_put(x, u);
     u = n;
   }
   p->unx = p->unx_tail = p->rop_unx = NULL;
@@ -138,7 +224,7 @@ static void flush(dg_tcp_xport *x, dg_tcp_pair *p) {
         complete(x, m->op, DG_OK);
         pthread_cond_broadcast(&x->cv);
       }
-      dg__free(m);
+      msg_put(x, m);
     }
   }
   set_epout(x, p, p->out != NULL);
@@ -146,7 +232,7 @@ static void flush(dg_tcp_xport *x, dg_tcp_pair *p) {
 
 static int queue_msg(dg_tcp_xport *x, dg_tcp_pair *p, uint64_t opcode, uint64_t slot,
                      uint64_t length, const void *payload, size_t plen, dg_xop *op) {
-  dg_tcp_msg *m = dg__malloc(sizeof *m);
+  dg_tcp_msg *m = msg_get(x);
   if (!m) {
     xfail(x, DG_ENOMEM, -1, "out of memory queueing a message to rank %d", p->peer);
     return DG_ENOMEM;
@@ -178,8 +264,7 @@ static int fill_from(dg_tcp_xport *x, dg_tcp_pair *p, dg_xop *op, dg_xop *u) {
     complete(x, op, DG_OK);
     pthread_cond_broadcast(&x->cv);
   }
-  dg__free(u->buf);
-  dg__free(u);
+  unx_put(x, u);
   return rc;
 }
 
@@ -361,11 +446,7 @@ static int on_header(dg_tcp_xport *x, dg_tcp_pair *p) {
       return bad_frame(x, p, "longer than the posted receive");
     }
     if (!r) { /* keep it until its receive is posted */
-      r = dg__calloc(1, sizeof *r);
-      if (r && !(r->buf = dg__malloc(h->length ? h->length : 1))) {
-        dg__free(r);
-        r = NULL;
-      }
+      r = unx_get(x, h->length);
       if (!r) return bad_frame(x, p, "out of memory");
       r->slot = h->slot;
       r->n = h->length;
@@ -570,6 +651,7 @@ static void tcp_destroy(dg_xport *xp) {
     dg__free(x->pairs[i].rr);
   }
   dg__free(x->pairs);
+  pools_free(x);
   if (x->ep >= 0) close(x->ep);
   if (x->evfd >= 0) close(x->evfd);
   pthread_cond_destroy(&x->cv);
@@ -628,6 +710,7 @@ int dg__tcp_xport_new(dg_xport **out, const dg_xport_opts *o, char *err, size_t 
   dg_xport_opts oo = *o;
   oo.timeout_ms = x->timeout_ms;
   int rc = dg__tcp_rendezvous(x, &oo, err, cap);
+  if (rc == DG_OK && (rc = pools_warm(x)) != DG_OK) snprintf(err, cap, "out of memory");
   if (rc == DG_OK && (rc = start_loop(x)) != DG_OK) snprintf(err, cap, "epoll setup failed");
   if (rc != DG_OK) {
     x->base.all_dgrad = 0; /* no goodbyes on a failed init */

@@ -44,6 +44,14 @@ typedef struct {
   uint64_t slot, len;
 } dg_tcp_rr;
 
+/* Holder of eager data that arrived before its receive: `op.buf` has room
+ * for `cap` bytes. Kept in a pool with the buffer, so steady state
+ * allocates nothing. */
+typedef struct {
+  dg_xop op;
+  size_t cap;
+} dg_tcp_unx;
+
 enum { DG_PAIR_OK = 0, DG_PAIR_BYE = 1, DG_PAIR_CLOSED = 2 };
 
 typedef struct {
@@ -76,6 +84,9 @@ typedef struct {
   int timeout_ms;
   int spin_us; /* busy-poll before sleeping in wait (DG_SPIN_US) */
   int loop_wants_lock; /* the progress thread is queueing for mu: spinners back off */
+  /* pools (under mu): sent messages and unexpected-data holders for reuse */
+  dg_tcp_msg *msg_free;
+  dg_xop *unx_free; /* dg_tcp_unx, linked through op.next */
 } dg_tcp_xport;
 
 /* tcp_conn.c: Gloo's connectFullMesh; fills pairs[i].fd (blocking sockets). */
