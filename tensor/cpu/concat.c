@@ -15,13 +15,15 @@
 
 #include "tensor/cpu/cpu_impl.h"
 
-/* dst[o * dst_row + j] += src[o * src_row + j] for o < outer, j < len. */
-static void add_blocks(float *restrict dst, int64_t dst_row, const float *restrict src,
+/* dst[o * dst_row + j] += src[o * src_row + j] for o < outer, j < len
+ * (= when store). */
+static void add_blocks(int store, float *restrict dst, int64_t dst_row, const float *restrict src,
                        int64_t src_row, int64_t outer, int64_t len) {
   for (int64_t o = 0; o < outer; o++) {
     float *restrict d = dst + o * dst_row;
     const float *restrict s = src + o * src_row;
-    for (int64_t j = 0; j < len; j++) d[j] += s[j];
+    if (store) memcpy(d, s, (size_t)len * sizeof *d);
+    else for (int64_t j = 0; j < len; j++) d[j] += s[j];
   }
 }
 
@@ -42,9 +44,10 @@ static int concat_backward(dg_ctx *ctx, dg_node *n) {
   const float *dy = n->out->grad->data; /* (outer, S, inner) */
   for (int k = 0; k < n->nin; k++) {
     int64_t sk = n->in[k]->shape[dim];
-    float *dx = dg__grad_buf(ctx, n->in[k]); /* (outer, sk, inner) */
+    int overwrite;
+    float *dx = dg__grad_buf_w(ctx, n->in[k], &overwrite); /* (outer, sk, inner) */
     if (ctx->err) return ctx->err;
-    if (dx) add_blocks(dx, sk * inner, dy + off * inner, S * inner, outer, sk * inner);
+    if (dx) add_blocks(overwrite, dx, sk * inner, dy + off * inner, S * inner, outer, sk * inner);
     off += sk;
   }
   return DG_OK;
@@ -119,12 +122,20 @@ dg_tensor *dg_concat(dg_ctx *ctx, int n, dg_tensor *const *xs, int dim) {
 /* node->i: 0 = dim, 1 = offset of the part along dim. */
 static int split_backward(dg_ctx *ctx, dg_node *n) {
   dg_tensor *x = n->in[0];
-  float *dx = dg__grad_buf(ctx, x); /* (outer, S, inner) */
+  int overwrite;
+  float *dx = dg__grad_buf_w(ctx, x, &overwrite); /* (outer, S, inner) */
   if (!dx) return ctx->err;
   int dim = (int)n->i[0];
   int64_t off = n->i[1], outer, inner, S = x->shape[dim], sk = n->out->shape[dim];
   split_dims(x, dim, &outer, &inner);
-  add_blocks(dx + off * inner, S * inner, n->out->grad->data, sk * inner, outer, sk * inner);
+  if (overwrite) /* fresh: zero the other parts' columns, store this one's */
+    for (int64_t o = 0; o < outer; o++) {
+      float *row = dx + o * S * inner;
+      memset(row, 0, (size_t)(off * inner) * sizeof *row);
+      memset(row + (off + sk) * inner, 0, (size_t)((S - off - sk) * inner) * sizeof *row);
+    }
+  add_blocks(overwrite, dx + off * inner, S * inner, n->out->grad->data, sk * inner, outer,
+             sk * inner);
   return DG_OK;
 }
 

@@ -3,6 +3,7 @@
 #define DG_CPU_IMPL_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "tensor/tensor_impl.h"
 #include "tensor/threads_impl.h"
@@ -74,6 +75,48 @@ DG_INLINE double dg__sum_blocks(const float *restrict p, int64_t n) {
   for (int k = 0; k < 16; k++) s += acc[k];
   for (; i < n; i++) s += p[i];
   return s;
+}
+
+/* ---- branch-free float helpers (vectorisable) ---- */
+
+DG_INLINE float dg__bits_to_f(int32_t i) {
+  float f;
+  memcpy(&f, &i, sizeof f);
+  return f;
+}
+
+DG_INLINE int32_t dg__f_to_bits(float f) {
+  int32_t i;
+  memcpy(&i, &f, sizeof i);
+  return i;
+}
+
+/* Vectorisable float kernels. gcc (default -ftrapping-math) neither
+ * if-converts a float select whose arm is computed nor a clamp whose
+ * clamped path folds to a constant, so every select below is an integer
+ * MIN or a bit mask: the loops stay branch-free.
+ *
+ * exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6
+ * polynomial, ~1 ulp). Below -87.3 it saturates at FLT_MIN, far under the
+ * precision of 1 + e where the callers use it. */
+DG_INLINE float dg__exp_nonpos(float x) {
+  const float magic = 12582912.0f;
+  /* sign bit forced: +0 reads as -0 (x - max is +0 at the max) */
+  int32_t xb = dg__f_to_bits(x) | INT32_MIN, lb = dg__f_to_bits(-87.3365447504f);
+  float xc = dg__bits_to_f(xb < lb ? xb : lb); /* for x <= 0 a larger int is a smaller |x| */
+  float t = xc * 1.44269504088896341f + magic;
+  int32_t n = dg__f_to_bits(t) - dg__f_to_bits(magic);
+  float fn = t - magic;
+  float r = xc - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = p * r * r + r + 1.0f;
+  return y * dg__bits_to_f((n + 127) * (1 << 23));
 }
 
 #endif

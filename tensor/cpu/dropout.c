@@ -11,7 +11,8 @@
 #define DROP_CHUNK 256 /* a multiple of 4: chunked draws advance the stream like one draw */
 
 static int dropout_backward(dg_ctx *ctx, dg_node *n) {
-  float *dx = dg__grad_buf(ctx, n->in[0]); /* (N) */
+  int overwrite;
+  float *dx = dg__grad_buf_w(ctx, n->in[0], &overwrite); /* (N) */
   if (!dx) return ctx->err;
   const float *dy = n->out->grad->data;   /* (N) */
   uint64_t seed = (uint64_t)n->i[0], off = (uint64_t)n->i[1];
@@ -21,7 +22,10 @@ static int dropout_backward(dg_ctx *ctx, dg_node *n) {
   for (int64_t c = 0; c < N; c += DROP_CHUNK) {
     int64_t len = DG_MIN(DROP_CHUNK, N - c);
     dg_rng_uniform(seed, off + (uint64_t)c, u, (size_t)len);
-    for (int64_t i = 0; i < len; i++) dx[c + i] += u[i] >= p ? dy[c + i] * scale : 0.0f;
+    if (overwrite)
+      for (int64_t i = 0; i < len; i++) dx[c + i] = u[i] >= p ? dy[c + i] * scale : 0.0f;
+    else
+      for (int64_t i = 0; i < len; i++) dx[c + i] += u[i] >= p ? dy[c + i] * scale : 0.0f;
   }
   return DG_OK;
 }

@@ -23,10 +23,13 @@ static double sum_f32(const float *restrict x, int64_t n) {
 /* ---- sum / mean over all elements ---- */
 
 static int sum_all_backward(dg_ctx *ctx, dg_node *nd) {
-  float *restrict dx = dg__grad_buf(ctx, nd->in[0]); /* (x shape) */
+  int overwrite;
+  float *restrict dx = dg__grad_buf_w(ctx, nd->in[0], &overwrite); /* (x shape) */
   if (!dx) return ctx->err;
   float g = ((const float *)nd->out->grad->data)[0] * (float)nd->f[0];
-  for (int64_t i = 0, n = dg__numel(nd->in[0]); i < n; i++) dx[i] += g;
+  int64_t n = dg__numel(nd->in[0]);
+  if (overwrite) for (int64_t i = 0; i < n; i++) dx[i] = g;
+  else for (int64_t i = 0; i < n; i++) dx[i] += g;
   return DG_OK;
 }
 
@@ -54,7 +57,8 @@ dg_tensor *dg_mean(dg_ctx *ctx, dg_tensor *x) { return sum_all(ctx, "mean", x, 1
 /* ---- sum / mean along one dim: x viewed as (O, D, I) -> (O, I) ---- */
 
 static int sum_dim_backward(dg_ctx *ctx, dg_node *nd) {
-  float *dx = dg__grad_buf(ctx, nd->in[0]); /* (O, D, I) */
+  int overwrite;
+  float *dx = dg__grad_buf_w(ctx, nd->in[0], &overwrite); /* (O, D, I) */
   if (!dx) return ctx->err;
   const float *g = nd->out->grad->data; /* (O, I) */
   int64_t O = nd->i[0], D = nd->i[1], I = nd->i[2];
@@ -63,7 +67,8 @@ static int sum_dim_backward(dg_ctx *ctx, dg_node *nd) {
     const float *restrict go = g + o * I;
     for (int64_t d = 0; d < D; d++) {
       float *restrict row = dx + (o * D + d) * I;
-      for (int64_t j = 0; j < I; j++) row[j] += scale * go[j];
+      if (overwrite) for (int64_t j = 0; j < I; j++) row[j] = scale * go[j];
+      else for (int64_t j = 0; j < I; j++) row[j] += scale * go[j];
     }
   }
   return DG_OK;

@@ -25,69 +25,30 @@
 
 #include "tensor/cpu/cpu_impl.h"
 
-DG_INLINE float bits_to_f(int32_t i) {
-  float f;
-  memcpy(&f, &i, sizeof f);
-  return f;
-}
-
-DG_INLINE int32_t f_to_bits(float f) {
-  int32_t i;
-  memcpy(&i, &f, sizeof i);
-  return i;
-}
-
-/* Vectorisable float kernels. gcc (default -ftrapping-math) neither
- * if-converts a float select whose arm is computed nor a clamp whose
- * clamped path folds to a constant, so every select below is an integer
- * MIN or a bit mask: the loops stay branch-free.
- *
- * exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6
- * polynomial, ~1 ulp). Below -87.3 it saturates at FLT_MIN, far under the
- * precision of 1 + e where the callers use it. */
-DG_INLINE float exp_nonpos(float x) {
-  const float magic = 12582912.0f;
-  int32_t xb = f_to_bits(x), lb = f_to_bits(-87.3365447504f);
-  float xc = bits_to_f(xb < lb ? xb : lb); /* for x <= 0 a larger int is a smaller |x| */
-  float t = xc * 1.44269504088896341f + magic;
-  int32_t n = f_to_bits(t) - f_to_bits(magic);
-  float fn = t - magic;
-  float r = xc - fn * 0.693359375f;
-  r = r - fn * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
-  return y * bits_to_f((n + 127) * (1 << 23));
-}
-
 /* tanh: Cephes' odd polynomial for |x| < 0.625, where (1 - e)/(1 + e)
  * would lose relative precision; (1 - e)/(1 + e), e = exp(-2|x|), beyond.
  * NaN propagates. */
 DG_INLINE float fast_tanhf(float x) {
   float ax = fabsf(x);
   int32_t near0 = -(int32_t)(ax < 0.625f); /* all ones near 0 */
-  float xs = bits_to_f(f_to_bits(x) & near0), s = xs * xs;
+  float xs = dg__bits_to_f(dg__f_to_bits(x) & near0), s = xs * xs;
   float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
                   1.33314422036e-1f) * s - 3.33332819422e-1f) * s * xs + xs;
-  float e = exp_nonpos(-2.0f * ax);
+  float e = dg__exp_nonpos(-2.0f * ax);
   float big = copysignf((1.0f - e) / (1.0f + e), x);
   int32_t nan = -(int32_t)(x != x);
-  int32_t rb = (f_to_bits(small) & near0) | (f_to_bits(big) & ~near0);
-  return bits_to_f((rb & ~nan) | (f_to_bits(x) & nan));
+  int32_t rb = (dg__f_to_bits(small) & near0) | (dg__f_to_bits(big) & ~near0);
+  return dg__bits_to_f((rb & ~nan) | (dg__f_to_bits(x) & nan));
 }
 
 /* sigmoid from e = exp(-|x|): 1/(1 + e) for x >= 0, e/(1 + e) below, with
  * no overflow anywhere. NaN propagates. */
 DG_INLINE float fast_sigmoidf(float x) {
-  float e = exp_nonpos(-fabsf(x));
+  float e = dg__exp_nonpos(-fabsf(x));
   float m = x >= 0.0f ? 1.0f : 0.0f;
   float r = (e + m * (1.0f - e)) / (1.0f + e);
   int32_t nan = -(int32_t)(x != x);
-  return bits_to_f((f_to_bits(r) & ~nan) | (f_to_bits(x) & nan));
+  return dg__bits_to_f((dg__f_to_bits(r) & ~nan) | (dg__f_to_bits(x) & nan));
 }
 
 /* exp(x) for x in [-87.3, 88]: exp_nonpos's reduction and polynomial,
@@ -95,7 +56,7 @@ DG_INLINE float fast_sigmoidf(float x) {
 DG_INLINE float exp_mid(float x) {
   const float magic = 12582912.0f;
   float t = x * 1.44269504088896341f + magic;
-  int32_t n = f_to_bits(t) - f_to_bits(magic);
+  int32_t n = dg__f_to_bits(t) - dg__f_to_bits(magic);
   float fn = t - magic;
   float r = x - fn * 0.693359375f;
   r = r - fn * -2.12194440e-4f;
@@ -106,7 +67,7 @@ DG_INLINE float exp_mid(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   float y = p * r * r + r + 1.0f;
-  return y * bits_to_f((n + 127) * (1 << 23));
+  return y * dg__bits_to_f((n + 127) * (1 << 23));
 }
 
 /* ---- ISA selection (declared in cpu_impl.h) ---- */
@@ -171,7 +132,7 @@ DG_INLINE void exp_loop(int64_t n, const float *restrict x, float *restrict y) {
     for (int64_t i = i0; i < i0 + m; i++) {
       float v = x[i];
       bad |= -(int32_t)!(v >= -87.3f && v <= 88.0f); /* nan is bad too */
-      float c = bits_to_f(f_to_bits(v) & ~bad);      /* keep the polynomial finite */
+      float c = dg__bits_to_f(dg__f_to_bits(v) & ~bad);      /* keep the polynomial finite */
       y[i] = exp_mid(c);
     }
     if (bad)

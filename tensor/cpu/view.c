@@ -1,16 +1,24 @@
 /* Views: reshape, slice along dim 0, transpose, permute, and contiguous.
  * Views share the input's memory; backward adds the output gradient back into
- * the input's (logical, contiguous) gradient. */
+ * the input's (logical, contiguous) gradient, or copies it there when that
+ * gradient is fresh. */
 #include <string.h>
 
 #include "tensor/cpu/cpu_impl.h"
 
-/* dx += dy where both are contiguous in the same element order. */
+/* d (n) += s (n), or d = s when store. */
+static void add_or_copy(int store, float *restrict d, const float *restrict s, int64_t n) {
+  if (store) memcpy(d, s, (size_t)n * sizeof *d);
+  else for (int64_t i = 0; i < n; i++) d[i] += s[i];
+}
+
+/* dx += dy where both are contiguous in the same element order (a fresh dx
+ * is a copy of dy). */
 static int flat_backward(dg_ctx *ctx, dg_node *n) {
-  float *dx = dg__grad_buf(ctx, n->in[0]);
+  int overwrite;
+  float *dx = dg__grad_buf_w(ctx, n->in[0], &overwrite);
   if (!dx) return ctx->err;
-  const float *dy = n->out->grad->data;
-  for (int64_t i = 0, m = dg__numel(n->out); i < m; i++) dx[i] += dy[i];
+  add_or_copy(overwrite, dx, n->out->grad->data, dg__numel(n->out));
   return DG_OK;
 }
 
@@ -81,13 +89,17 @@ dg_tensor *dg_reshape(dg_ctx *ctx, dg_tensor *x, int ndim, const int64_t *shape)
 /* ---- slice along dim 0 ---- */
 
 static int slice_backward(dg_ctx *ctx, dg_node *n) {
-  float *dx = dg__grad_buf(ctx, n->in[0]);
+  int overwrite;
+  float *dx = dg__grad_buf_w(ctx, n->in[0], &overwrite);
   if (!dx) return ctx->err;
   dg_tensor *x = n->in[0];
   int64_t row = x->shape[0] ? dg__numel(x) / x->shape[0] : 0;
-  const float *dy = n->out->grad->data;
-  float *d = dx + n->i[0] * row;
-  for (int64_t i = 0, m = dg__numel(n->out); i < m; i++) d[i] += dy[i];
+  int64_t lo = n->i[0] * row, m = dg__numel(n->out), nx = dg__numel(x);
+  if (overwrite) { /* fresh: zero outside the slice, copy inside */
+    memset(dx, 0, (size_t)lo * sizeof *dx);
+    memset(dx + lo + m, 0, (size_t)(nx - lo - m) * sizeof *dx);
+  }
+  add_or_copy(overwrite, dx + lo, n->out->grad->data, m);
   return DG_OK;
 }
 
@@ -111,16 +123,37 @@ dg_tensor *dg_slice(dg_ctx *ctx, dg_tensor *x, int64_t start, int64_t end) {
 
 /* ---- transpose / permute ---- */
 
+/* dst at v's strides = g (contiguous in v's shape); every element of dst is
+ * written (v is a permutation of dst's dims). Rows when the last dim is
+ * contiguous. */
+static void strided_store(const dg_tensor *v, float *dst, const float *g) {
+  int64_t n = dg__numel(v), idx[DG_MAX_DIMS] = {0};
+  int nd = v->ndim, rows = nd >= 1 && v->stride[nd - 1] == 1;
+  int64_t len = rows ? v->shape[nd - 1] : 1;
+  for (int64_t k = 0; k < n; k += len) {
+    int64_t off = 0;
+    for (int i = 0; i < nd - rows; i++) off += idx[i] * v->stride[i];
+    if (rows) memcpy(dst + off, g + k, (size_t)len * sizeof *dst);
+    else dst[off] = g[k];
+    for (int i = nd - rows - 1; i >= 0; i--) {
+      if (++idx[i] < v->shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
 static int permute_backward(dg_ctx *ctx, dg_node *n) {
   dg_tensor *x = n->in[0];
-  float *dx = dg__grad_buf(ctx, x);
+  int overwrite;
+  float *dx = dg__grad_buf_w(ctx, x, &overwrite);
   if (!dx) return ctx->err;
   /* dx laid out contiguously in x's shape, seen through the permutation */
   dg_tensor v = *n->out;
   int64_t cs[DG_MAX_DIMS], s = 1;
   for (int i = x->ndim - 1; i >= 0; i--) cs[i] = s, s *= x->shape[i];
   for (int i = 0; i < v.ndim; i++) v.stride[i] = cs[n->i[i]];
-  dg__strided_add(&v, dx, n->out->grad->data);
+  if (overwrite) strided_store(&v, dx, n->out->grad->data);
+  else dg__strided_add(&v, dx, n->out->grad->data);
   return DG_OK;
 }
 
