@@ -20,8 +20,10 @@ void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, con
  * DG_SIMD_FN: for AVX-512F (512-bit vectors), for AVX2+FMA, and for the
  * baseline; the wrapper picks one per call from dg__simd_isa(), which reads
  * the CPU once (and DG_SIMD=base|avx2|avx512 caps it, e.g. to test the
- * baseline path on an AVX-512 machine). Results may differ between ISAs in
- * the last bits (FMA contraction), never between thread counts. */
+ * baseline path on an AVX-512 machine). The build is ISO C (-std=c11, so
+ * no FMA contraction) and every reduction names its 16 lanes, so the three
+ * builds give the same bits; tests/grad/test_grad_threads checks them
+ * against each other and 1 thread against 2. */
 enum { DG_ISA_BASE = 0, DG_ISA_AVX2 = 1, DG_ISA_AVX512 = 2 };
 /* The ISA level the kernels use (cached after the first call). */
 int dg__simd_isa(void);
