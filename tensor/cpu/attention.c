@@ -24,34 +24,21 @@
 #include <string.h>
 
 #include "tensor/cpu/cpu_impl.h"
-#include "tensor/threads_impl.h"
 
 #define ATT_BLK 64 /* causal GEMM block (rows of S); T <= ATT_BLK: one GEMM */
-
-static inline float bits_to_f(int32_t i) {
-  float f;
-  memcpy(&f, &i, sizeof f);
-  return f;
-}
-
-static inline int32_t f_to_bits(float f) {
-  int32_t i;
-  memcpy(&i, &f, sizeof i);
-  return i;
-}
 
 /* exp(x) for x <= 0, branch-free so row loops vectorise (Cephes expf, ~1
  * ulp; the same kernel as tensor/cpu/unary.c). Below -87.3 (and -inf) it
  * returns 0. */
-static inline float att_exp(float x) {
+DG_INLINE float att_exp(float x) {
   const float magic = 12582912.0f;
   /* as unsigned, +0 is the smallest and a larger |x| of a negative x is a
    * larger number: one unsigned min clamps at -87.3 */
-  uint32_t xb = (uint32_t)f_to_bits(x), lb = (uint32_t)f_to_bits(-87.3365447504f);
+  uint32_t xb = (uint32_t)dg__f_to_bits(x), lb = (uint32_t)dg__f_to_bits(-87.3365447504f);
   int32_t keep = -(int32_t)(xb <= lb); /* all ones for x >= -87.3 */
-  float xc = bits_to_f((int32_t)(xb < lb ? xb : lb));
+  float xc = dg__bits_to_f((int32_t)(xb < lb ? xb : lb));
   float t = xc * 1.44269504088896341f + magic;
-  int32_t n = f_to_bits(t) - f_to_bits(magic);
+  int32_t n = dg__f_to_bits(t) - dg__f_to_bits(magic);
   float fn = t - magic;
   float r = xc - fn * 0.693359375f;
   r = r - fn * -2.12194440e-4f;
@@ -62,33 +49,112 @@ static inline float att_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   float y = p * r * r + r + 1.0f;
-  return bits_to_f(f_to_bits(y * bits_to_f((n + 127) * (1 << 23))) & keep);
+  return dg__bits_to_f(dg__f_to_bits(y * dg__bits_to_f((n + 127) * (1 << 23))) & keep);
 }
 
-/* In place: row s (n valid entries, already scaled) -> softmax; the rest
- * of the row, [n, T), is zeroed. */
-static void softmax_row(float *restrict s, int64_t n, int64_t T) {
-  float m = -INFINITY;
-  for (int64_t j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; j++) {
-    float e = att_exp(s[j] - m);
-    s[j] = e;
-    sum += e;
+/* Float bits -> an int32 in the same order (negatives flipped); f_key_inv
+ * undoes it. */
+DG_INLINE int32_t f_key(float x) {
+  int32_t b = dg__f_to_bits(x);
+  return b ^ ((b >> 31) & INT32_MAX);
+}
+DG_INLINE int32_t f_key_inv(int32_t k) { return k ^ ((k >> 31) & INT32_MAX); }
+
+/* Horizontal reductions of 16 lanes as trees (vector halves), not chains
+ * of 16 dependent scalar ops. */
+DG_INLINE float lanes_sum(float *a) {
+  for (int k = 0; k < 8; k++) a[k] += a[k + 8];
+  for (int k = 0; k < 4; k++) a[k] += a[k + 4];
+  for (int k = 0; k < 2; k++) a[k] += a[k + 2];
+  return a[0] + a[1];
+}
+DG_INLINE int32_t lanes_max(int32_t *a) {
+  for (int k = 0; k < 8; k++) a[k] = a[k + 8] > a[k] ? a[k + 8] : a[k];
+  for (int k = 0; k < 4; k++) a[k] = a[k + 4] > a[k] ? a[k + 4] : a[k];
+  for (int k = 0; k < 2; k++) a[k] = a[k + 2] > a[k] ? a[k + 2] : a[k];
+  return a[1] > a[0] ? a[1] : a[0];
+}
+
+/* Valid length of row i (n) and its length padded to whole 16-float chunks
+ * inside the row (nv); loops below go by chunks of 16 (one vector each, no
+ * vector epilogue for these short rows) and finish [n16, nv) scalar, which
+ * only happens when T % 16 != 0. */
+#define ROW_LENS(i, T, causal, n, nv, n16)                                          \
+  int64_t n = (causal) ? (i) + 1 : (T);                                             \
+  int64_t nv = (causal) ? DG_MIN((n + 15) & ~(int64_t)15, (T)) : (T);               \
+  int64_t n16 = nv & ~(int64_t)15
+
+/* Rows [r0, r1) of S (T, T), in place: row i (its first n_i = i + 1 entries
+ * when causal, else all T, already scaled) -> softmax, zeros beyond n_i.
+ * A causal row is padded with -inf to nv, whose exp is 0. */
+DG_INLINE void softmax_rows_body(float *restrict S, int64_t r0, int64_t r1, int64_t T,
+                                 int causal) {
+  for (int64_t i = r0; i < r1; i++) {
+    float *restrict s = S + i * T;
+    ROW_LENS(i, T, causal, n, nv, n16);
+    int64_t j;
+    for (j = n; j < nv; j++) s[j] = -INFINITY;
+    /* max on order-preserving integer keys: gcc vectorises an integer
+     * max, not a float one (NaN semantics) */
+    int32_t mx[16];
+    for (int k = 0; k < 16; k++) mx[k] = INT32_MIN;
+    for (j = 0; j < n16; j += 16)
+      for (int k = 0; k < 16; k++) {
+        int32_t key = f_key(s[j + k]);
+        mx[k] = key > mx[k] ? key : mx[k];
+      }
+    for (; j < nv; j++) mx[0] = f_key(s[j]) > mx[0] ? f_key(s[j]) : mx[0];
+    float m = dg__bits_to_f(f_key_inv(lanes_max(mx)));
+    float acc[16] = {0};
+    for (j = 0; j < n16; j += 16)
+      for (int k = 0; k < 16; k++) {
+        float e = att_exp(s[j + k] - m);
+        s[j + k] = e;
+        acc[k] += e;
+      }
+    for (; j < nv; j++) {
+      s[j] = att_exp(s[j] - m);
+      acc[0] += s[j];
+    }
+    float inv = 1.0f / lanes_sum(acc);
+    for (j = 0; j < n16; j += 16)
+      for (int k = 0; k < 16; k++) s[j + k] *= inv;
+    for (; j < nv; j++) s[j] *= inv;
+    for (j = nv; j + 16 <= T; j += 16)
+      for (int k = 0; k < 16; k++) s[j + k] = 0.0f;
+    for (; j < T; j++) s[j] = 0.0f;
   }
-  float inv = 1.0f / sum;
-  for (int64_t j = 0; j < n; j++) s[j] *= inv;
-  if (n < T) memset(s + n, 0, (size_t)(T - n) * sizeof(float));
 }
+DG_SIMD_FN(softmax_rows, (float *S, int64_t r0, int64_t r1, int64_t T, int causal),
+           (S, r0, r1, T, causal))
 
-/* Row of dS from dP (in place) and P: dS = scale * P * (dP - sum(dP * P)). */
-static void softmax_grad_row(float *restrict d, const float *restrict p, int64_t n, int64_t T,
-                             float scale) {
-  float s = 0.0f;
-  for (int64_t j = 0; j < n; j++) s += d[j] * p[j];
-  for (int64_t j = 0; j < n; j++) d[j] = scale * p[j] * (d[j] - s);
-  if (n < T) memset(d + n, 0, (size_t)(T - n) * sizeof(float));
+/* Rows [r0, r1) of dS (T, T) from dP (in place) and P (T, T):
+ * dS = scale * P * (dP - sum_j(dP * P)). P is 0 beyond n_i (and over the
+ * padding), so a causal row runs to nv and is zeroed beyond. */
+DG_INLINE void softmax_grad_rows_body(float *restrict D, const float *restrict P, int64_t r0,
+                                      int64_t r1, int64_t T, int causal, float scale) {
+  for (int64_t i = r0; i < r1; i++) {
+    float *restrict d = D + i * T;
+    const float *restrict p = P + i * T;
+    ROW_LENS(i, T, causal, n, nv, n16);
+    (void)n;
+    int64_t j;
+    float acc[16] = {0};
+    for (j = 0; j < n16; j += 16)
+      for (int k = 0; k < 16; k++) acc[k] += d[j + k] * p[j + k];
+    for (; j < nv; j++) acc[0] += d[j] * p[j];
+    float s = lanes_sum(acc);
+    for (j = 0; j < n16; j += 16)
+      for (int k = 0; k < 16; k++) d[j + k] = scale * p[j + k] * (d[j + k] - s);
+    for (; j < nv; j++) d[j] = scale * p[j] * (d[j] - s);
+    for (j = nv; j + 16 <= T; j += 16)
+      for (int k = 0; k < 16; k++) d[j + k] = 0.0f;
+    for (; j < T; j++) d[j] = 0.0f;
+  }
 }
+DG_SIMD_FN(softmax_grad_rows,
+           (float *D, const float *P, int64_t r0, int64_t r1, int64_t T, int causal, float scale),
+           (D, P, r0, r1, T, causal, scale))
 
 typedef struct {
   int64_t B, T, C, H, hd;
@@ -120,7 +186,7 @@ static void fwd_pair(const att_job *j, int64_t bh, float *P /* (T, T) */) {
     int64_t r1 = DG_MIN(r0 + ATT_BLK, T), nc = j->causal ? r1 : T;
     /* S[r0:r1, 0:nc] = scale * q[r0:r1] k[0:nc]^T */
     dg__sgemm(0, 1, r1 - r0, nc, hd, j->scale, q + r0 * ld, ld, k, ld, 0.0f, P + r0 * T, T);
-    for (int64_t i = r0; i < r1; i++) softmax_row(P + i * T, j->causal ? i + 1 : T, T);
+    softmax_rows(P, r0, r1, T, j->causal);
     /* y[r0:r1] = P[r0:r1, 0:nc] v[0:nc] */
     dg__sgemm(0, 0, r1 - r0, hd, nc, 1.0f, P + r0 * T, T, v, ld, 0.0f, y + r0 * C, C);
   }
@@ -146,8 +212,7 @@ static void bwd_pair(const att_job *j, int64_t bh, float *dS /* (T, T) */) {
     int64_t r1 = DG_MIN(r0 + ATT_BLK, T), nc = j->causal ? r1 : T;
     /* dP[r0:r1, 0:nc] = dy[r0:r1] v[0:nc]^T, then dS in place */
     dg__sgemm(0, 1, r1 - r0, nc, hd, 1.0f, dy + r0 * C, C, v, ld, 0.0f, dS + r0 * T, T);
-    for (int64_t i = r0; i < r1; i++)
-      softmax_grad_row(dS + i * T, P + i * T, j->causal ? i + 1 : T, T, j->scale);
+    softmax_grad_rows(dS, P, r0, r1, T, j->causal, j->scale);
     /* dq[r0:r1] = dS[r0:r1, 0:nc] k[0:nc] */
     dg__sgemm(0, 0, r1 - r0, hd, nc, 1.0f, dS + r0 * T, T, k, ld, beta, dq + r0 * ld, ld);
   }
