@@ -9,7 +9,13 @@
  * the columns: the columns are KH*KW times the input (57 MiB for a 32->64 3x3
  * conv on 28x28 at batch 64) while re-running im2col costs a memory pass that
  * is small next to the GEMMs. A 1x1, stride-1, unpadded conv uses x[n] as its
- * own columns. */
+ * own columns.
+ *
+ * Threads: forward and dx split the batch over the pool (each task its own
+ * column scratch, each image's GEMM single-threaded as at 1 thread, so the
+ * bits do not depend on the thread count); dw and db, sums over the images,
+ * run image by image in order with each dw GEMM split over the pool. Fresh
+ * gradients are stored (GEMM beta 0 for the first image), not zeroed. */
 #include <string.h>
 
 #include "tensor/cpu/cpu_impl.h"
@@ -95,12 +101,98 @@ static int is_pointwise(const conv_geom *g) {
   return g->KH == 1 && g->KW == 1 && g->s == 1 && g->p == 0;
 }
 
+/* Images split over the pool: task t of nt runs images [N*t/nt, N*(t+1)/nt)
+ * with its own column scratch; each image's GEMM runs single-threaded
+ * inside the task, exactly as at 1 thread (same bits). */
+typedef struct {
+  const conv_geom *g;
+  const float *x, *w, *b, *dy; /* (N, C, H, W), (O, CK), (O), (N, O, L) */
+  float *out;                  /* y (N, O, L) forward, dx (N, C, H, W) backward */
+  float *cols;                 /* (nt, CK, L) scratch */
+  int nt, acc;                 /* acc: dx accumulates (else stored) */
+} conv_job;
+
+/* Tasks for N images: one per thread, none when the pool would not help. */
+static int conv_tasks(const conv_geom *g) {
+  int t = dg_get_num_threads();
+  return (int)DG_MIN((int64_t)t, g->N);
+}
+
+static void image_range(const conv_job *j, int t, int64_t *lo, int64_t *hi) {
+  *lo = j->g->N * t / j->nt, *hi = j->g->N * (t + 1) / j->nt;
+}
+
+/* y[i] (O, L) = w (O, CK) @ im2col(x[i]) + b for one image. */
+static void forward_image(const conv_job *j, int64_t i, float *col) {
+  const conv_geom *g = j->g;
+  const int64_t L = g->OH * g->OW, CK = g->C * g->KH * g->KW, O = g->O;
+  float *yi = j->out + i * O * L; /* (O, L) */
+  const float *c = j->x + i * g->C * g->H * g->W;
+  if (col) im2col(g, c, col), c = col;
+  if (j->b)
+    for (int64_t o = 0; o < O; o++) {
+      float bo = j->b[o], *r = yi + o * L;
+      for (int64_t l = 0; l < L; l++) r[l] = bo;
+    }
+  dg__sgemm(0, 0, O, L, CK, 1.0f, j->w, CK, c, L, j->b ? 1.0f : 0.0f, yi, L);
+}
+
+/* dx[i] (+)= col2im(w^T @ dy[i]) for one image. */
+static void dx_image(const conv_job *j, int64_t i, float *dcol) {
+  const conv_geom *g = j->g;
+  const int64_t L = g->OH * g->OW, CK = g->C * g->KH * g->KW, O = g->O;
+  const int64_t xs = g->C * g->H * g->W;
+  const float *dyi = j->dy + i * O * L; /* (O, L) */
+  if (!dcol) { /* pointwise: dx[i] is (CK, L) itself */
+    dg__sgemm(1, 0, CK, L, O, 1.0f, j->w, CK, dyi, L, j->acc ? 1.0f : 0.0f, j->out + i * xs, L);
+    return;
+  }
+  dg__sgemm(1, 0, CK, L, O, 1.0f, j->w, CK, dyi, L, 0.0f, dcol, L);
+  if (!j->acc) memset(j->out + i * xs, 0, (size_t)xs * sizeof(float));
+  col2im_add(g, dcol, j->out + i * xs);
+}
+
+static void forward_task(void *arg, int t) {
+  const conv_job *j = arg;
+  const int64_t CKL = j->g->C * j->g->KH * j->g->KW * j->g->OH * j->g->OW;
+  int64_t lo, hi;
+  image_range(j, t, &lo, &hi);
+  for (int64_t i = lo; i < hi; i++) forward_image(j, i, j->cols ? j->cols + t * CKL : NULL);
+}
+
+static void dx_task(void *arg, int t) {
+  const conv_job *j = arg;
+  const int64_t CKL = j->g->C * j->g->KH * j->g->KW * j->g->OH * j->g->OW;
+  int64_t lo, hi;
+  image_range(j, t, &lo, &hi);
+  for (int64_t i = lo; i < hi; i++) dx_image(j, i, j->cols ? j->cols + t * CKL : NULL);
+}
+
+/* Runs fn over the images: split over the pool by images when there are
+ * several images and threads, else image by image on the caller (each
+ * GEMM then splits over the pool by itself). */
+static int run_images(dg_ctx *ctx, conv_job *j, dg__task_fn fn) {
+  const conv_geom *g = j->g;
+  const int64_t CKL = g->C * g->KH * g->KW * g->OH * g->OW;
+  j->nt = conv_tasks(g);
+  if (j->nt < 1) return DG_OK; /* no images */
+  j->cols = NULL;
+  if (!is_pointwise(g)) {
+    j->cols = dg__arena_alloc(&ctx->arena, (size_t)(j->nt * CKL) * sizeof(float));
+    if (!j->cols) return dg__set_error(ctx, DG_ENOMEM, "conv2d: out of memory for columns");
+  }
+  if (j->nt == 1) fn(j, 0);
+  else dg__parallel_for(j->nt, fn, j);
+  return DG_OK;
+}
+
 static int conv_backward(dg_ctx *ctx, dg_node *n) {
   const conv_geom *g = n->extra;
   dg_tensor *sx = dg__saved(ctx, n, 0), *sw = dg__saved(ctx, n, 1);
   if (!sx || !sw) return ctx->err;
-  float *dx = dg__grad_buf(ctx, n->in[0]), *dw = dg__grad_buf(ctx, n->in[1]);
-  float *db = n->nin > 2 ? dg__grad_buf(ctx, n->in[2]) : NULL;
+  int ox, ow, ob = 0;
+  float *dx = dg__grad_buf_w(ctx, n->in[0], &ox), *dw = dg__grad_buf_w(ctx, n->in[1], &ow);
+  float *db = n->nin > 2 ? dg__grad_buf_w(ctx, n->in[2], &ob) : NULL;
   if (ctx->err) return ctx->err;
   const int64_t L = g->OH * g->OW, CK = g->C * g->KH * g->KW, O = g->O;
   const int64_t xs = g->C * g->H * g->W;
@@ -108,29 +200,36 @@ static int conv_backward(dg_ctx *ctx, dg_node *n) {
   const float *xp = dw ? dg__contig_data(ctx, "conv2d backward", sx) : NULL; /* (N, C, H, W) */
   const float *wp = dx ? dg__contig_data(ctx, "conv2d backward", sw) : NULL; /* (O, CK) */
   if ((dw && !xp) || (dx && !wp)) return ctx->err;
-  int pw = is_pointwise(g);
-  float *col = NULL, *dcol = NULL; /* (CK, L) scratch, one image at a time */
-  if (dw && !pw) col = dg__arena_alloc(&ctx->arena, (size_t)(CK * L) * sizeof(float));
-  if (dx && !pw) dcol = dg__arena_alloc(&ctx->arena, (size_t)(CK * L) * sizeof(float));
-  if ((dw && !pw && !col) || (dx && !pw && !dcol))
-    return dg__set_error(ctx, DG_ENOMEM, "conv2d backward: out of memory for columns");
-  for (int64_t i = 0; i < g->N; i++) {
-    const float *dyi = dy + i * O * L; /* (O, L) */
-    if (dw) {
-      const float *c = xp + i * xs;
-      if (!pw) im2col(g, c, col), c = col;
-      dg__sgemm(0, 1, O, CK, L, 1.0f, dyi, L, c, L, 1.0f, dw, CK);
+  if (g->N == 0) { /* no images: fresh gradients are zero */
+    if (dw && ow) memset(dw, 0, (size_t)(O * CK) * sizeof *dw);
+    if (db && ob) memset(db, 0, (size_t)O * sizeof *db);
+    return DG_OK;
+  }
+  if (dw || db) { /* sums over the images, in order */
+    float *col = NULL; /* (CK, L) */
+    if (dw && !is_pointwise(g)) {
+      col = dg__arena_alloc(&ctx->arena, (size_t)(CK * L) * sizeof(float));
+      if (!col) return dg__set_error(ctx, DG_ENOMEM, "conv2d backward: out of memory for columns");
     }
-    if (dx) {
-      if (pw) {
-        dg__sgemm(1, 0, CK, L, O, 1.0f, wp, CK, dyi, L, 1.0f, dx + i * xs, L);
-      } else {
-        dg__sgemm(1, 0, CK, L, O, 1.0f, wp, CK, dyi, L, 0.0f, dcol, L);
-        col2im_add(g, dcol, dx + i * xs);
+    for (int64_t i = 0; i < g->N; i++) {
+      const float *dyi = dy + i * O * L; /* (O, L) */
+      int first = i == 0;
+      if (dw) {
+        const float *c = xp + i * xs;
+        if (col) im2col(g, c, col), c = col;
+        dg__sgemm(0, 1, O, CK, L, 1.0f, dyi, L, c, L, first && ow ? 0.0f : 1.0f, dw, CK);
+      }
+      if (db) {
+        if (first && ob)
+          for (int64_t o = 0; o < O; o++) db[o] = (float)row_sum(dyi + o * L, L);
+        else
+          for (int64_t o = 0; o < O; o++) db[o] += (float)row_sum(dyi + o * L, L);
       }
     }
-    if (db)
-      for (int64_t o = 0; o < O; o++) db[o] += (float)row_sum(dyi + o * L, L);
+  }
+  if (dx) {
+    conv_job j = {g, NULL, wp, NULL, dy, dx, NULL, 0, !ox};
+    if (run_images(ctx, &j, dx_task)) return ctx->err;
   }
   return DG_OK;
 }
@@ -165,23 +264,8 @@ static int conv_check(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b, int
 /* y (N, O, L) = w (O, CK) @ im2col(x[n]) + b, image by image. */
 static int conv_forward(dg_ctx *ctx, const conv_geom *g, const float *xp, const float *wp,
                         const float *bp, float *yp) {
-  const int64_t L = g->OH * g->OW, CK = g->C * g->KH * g->KW, O = g->O;
-  const int64_t xs = g->C * g->H * g->W;
-  int pw = is_pointwise(g);
-  float *col = pw ? NULL : dg__arena_alloc(&ctx->arena, (size_t)(CK * L) * sizeof(float));
-  if (!pw && !col) return dg__set_error(ctx, DG_ENOMEM, "conv2d: out of memory for columns");
-  for (int64_t i = 0; i < g->N; i++) {
-    float *yi = yp + i * O * L; /* (O, L) */
-    const float *c = xp + i * xs;
-    if (!pw) im2col(g, c, col), c = col;
-    if (bp)
-      for (int64_t o = 0; o < O; o++) {
-        float bo = bp[o], *r = yi + o * L;
-        for (int64_t l = 0; l < L; l++) r[l] = bo;
-      }
-    dg__sgemm(0, 0, O, L, CK, 1.0f, wp, CK, c, L, bp ? 1.0f : 0.0f, yi, L);
-  }
-  return DG_OK;
+  conv_job j = {g, xp, wp, bp, NULL, yp, NULL, 0, 0};
+  return run_images(ctx, &j, forward_task);
 }
 
 dg_tensor *dg_conv2d(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b, int stride,

@@ -1,5 +1,5 @@
 /* Thread-count and ISA invariance of the element-wise and normalisation
- * kernels that split over the compute pool: for each op, forward output and
+ * kernels that split over the compute pool (and conv2d, split by images): for each op, forward output and
  * input gradients (first backward into fresh gradients, then a second one
  * accumulating) must be bit-identical with 1 and 2 threads, and the
  * baseline (SSE2) build of each kernel must agree with the wide one
@@ -21,7 +21,7 @@ typedef struct {
   op_fn f;
   int nin;
   int ndim[3];
-  int64_t shape[3][3];
+  int64_t shape[3][4];
   float lo, hi; /* input range */
 } op_case;
 
@@ -48,6 +48,12 @@ static dg_tensor *f_permute(dg_ctx *c, dg_tensor **in) { /* contiguous-row copy 
   int perm[4] = {0, 2, 1, 3};
   dg_tensor *h = dg_contiguous(c, dg_permute(c, dg_reshape(c, in[0], 4, s), perm));
   return dg_gelu(c, h);
+}
+static dg_tensor *f_conv(dg_ctx *c, dg_tensor **in) {
+  return dg_conv2d(c, in[0], in[1], in[2], 1, 1);
+}
+static dg_tensor *f_conv_pw(dg_ctx *c, dg_tensor **in) { /* 1x1: x[n] is its own columns */
+  return dg_conv2d(c, in[0], in[1], in[2], 1, 0);
 }
 static dg_tensor *f_ce(dg_ctx *c, dg_tensor **in) {
   int64_t N = dg_tensor_shape(in[0])[0], C = dg_tensor_shape(in[0])[1];
@@ -77,6 +83,8 @@ static const op_case cases[] = {
     {"layernorm", f_layernorm, 3, {2, 1, 1}, {{1024, 128}, {128}, {128}}, -3, 3},
     {"layernorm strided", f_layernorm_t, 3, {2, 1, 1}, {{300, 700}, {300}, {300}}, -3, 3},
     {"permute+gelu", f_permute, 1, {3}, {{16, 64, 256}}, -2, 2},
+    {"conv2d 3x3", f_conv, 3, {4, 4, 1}, {{8, 16, 20, 20}, {32, 16, 3, 3}, {32}}, -1, 1},
+    {"conv2d 1x1", f_conv_pw, 3, {4, 4, 1}, {{6, 16, 20, 20}, {24, 16, 1, 1}, {24}}, -1, 1},
     {"cross_entropy", f_ce, 1, {2}, {{2048, 114}}, -5, 5},
 };
 
