@@ -3,8 +3,10 @@
  * Forward keeps, for every output, the index of its maximum inside the input
  * plane (H*W, int32) in the arena; backward scatters dy through those indices.
  * Ties go to the first maximum in row-major window order and a NaN wins, as
- * in PyTorch's CPU kernel. */
+ * in PyTorch's CPU kernel. Planes are independent: both passes split them
+ * over the pool, and a fresh dx is zeroed plane by plane inside the split. */
 #include <math.h>
+#include <string.h>
 
 #include "tensor/cpu/cpu_impl.h"
 
@@ -52,18 +54,48 @@ static void pool_plane_2x2(const pool_geom *g, const float *restrict x, float *r
   }
 }
 
-static int pool_backward(dg_ctx *ctx, dg_node *n) {
-  const pool_geom *g = n->extra;
-  float *dx = dg__grad_buf(ctx, n->in[0]); /* (N*C, H, W) */
-  if (!dx) return ctx->err;
-  const float *dy = n->out->grad->data; /* (N*C, OH*OW) */
+typedef struct {
+  const pool_geom *g;
+  const float *x, *dy; /* (planes, H*W), (planes, OH*OW) */
+  float *y, *dx;
+  int acc;             /* 0: dx is fresh (zero each plane, then scatter) */
+} pool_job;
+
+static void fwd_planes(void *arg, int64_t lo, int64_t hi) {
+  const pool_job *j = arg;
+  const pool_geom *g = j->g;
   const int64_t L = g->OH * g->OW, P = g->H * g->W;
-  for (int64_t p = 0; p < g->planes; p++) {
-    const float *d = dy + p * L;
+  for (int64_t p = lo; p < hi; p++) {
+    if (g->k == 2 && g->s == 2) pool_plane_2x2(g, j->x + p * P, j->y + p * L, g->idx + p * L);
+    else pool_plane(g, j->x + p * P, j->y + p * L, g->idx + p * L);
+  }
+}
+
+static void bwd_planes(void *arg, int64_t lo, int64_t hi) {
+  const pool_job *j = arg;
+  const pool_geom *g = j->g;
+  const int64_t L = g->OH * g->OW, P = g->H * g->W;
+  for (int64_t p = lo; p < hi; p++) {
+    const float *d = j->dy + p * L;
     const int32_t *ix = g->idx + p * L;
-    float *dxp = dx + p * P;
+    float *dxp = j->dx + p * P;
+    if (!j->acc) memset(dxp, 0, (size_t)P * sizeof *dxp);
     for (int64_t l = 0; l < L; l++) dxp[ix[l]] += d[l];
   }
+}
+
+/* Planes per pool chunk: about 16K input elements. */
+static int64_t plane_grain(const pool_geom *g) {
+  return DG_MAX((int64_t)1, 16384 / DG_MAX(g->H * g->W, (int64_t)1));
+}
+
+static int pool_backward(dg_ctx *ctx, dg_node *n) {
+  const pool_geom *g = n->extra;
+  int overwrite;
+  float *dx = dg__grad_buf_w(ctx, n->in[0], &overwrite); /* (N*C, H, W) */
+  if (!dx) return ctx->err;
+  pool_job j = {g, NULL, n->out->grad->data, NULL, dx, !overwrite};
+  dg__parallel_range(g->planes, plane_grain(g), bwd_planes, &j);
   return DG_OK;
 }
 
@@ -85,17 +117,14 @@ dg_tensor *dg_maxpool2d(dg_ctx *ctx, dg_tensor *x, int k, int s) {
   dg_tensor *y = dg__new(ctx, "maxpool2d", DG_F32, 4, shape);
   const float *xp = y ? dg__contig_data(ctx, "maxpool2d", x) : NULL; /* (N*C, H, W) */
   if (!xp) return NULL;
-  const int64_t L = g.OH * g.OW, P = g.H * g.W;
+  const int64_t L = g.OH * g.OW;
   g.idx = dg__arena_alloc(&ctx->arena, (size_t)(g.planes * L) * sizeof(int32_t));
   if (!g.idx) {
     dg__set_error(ctx, DG_ENOMEM, "maxpool2d: out of memory for indices");
     return NULL;
   }
-  float *yp = y->data;
-  for (int64_t p = 0; p < g.planes; p++) {
-    if (k == 2 && s == 2) pool_plane_2x2(&g, xp + p * P, yp + p * L, g.idx + p * L);
-    else pool_plane(&g, xp + p * P, yp + p * L, g.idx + p * L);
-  }
+  pool_job j = {&g, xp, NULL, y->data, NULL, 0};
+  dg__parallel_range(g.planes, plane_grain(&g), fwd_planes, &j);
   if (dg__needs_grad(ctx, 1, &x)) {
     dg_node *n = dg__record(ctx, "maxpool2d", pool_backward, y, 1, &x);
     pool_geom *ge = n ? dg__arena_alloc(&ctx->arena, sizeof *ge) : NULL;
