@@ -58,10 +58,30 @@ static int32_t wait_count(dg_ddp *d) {
   return rc ? 0 : d->has_data;
 }
 
+/* The count of ranks with data: carried by bucket 0's all-reduce (built-in
+ * hooks: no extra collective per step), else a separate tiny all-reduce
+ * posted at the first grad-ready hook so that it overlaps backward. */
 static void begin_round(dg_ddp *d, int32_t have) {
   for (int k = 0; k < d->nb; k++) d->b[k].pending = d->b[k].nparams, d->b[k].started = 0;
   d->next_start = 0;
-  if (!d->opts.no_join) post_count(d, have);
+  d->has_data = have;
+  if (!d->opts.no_join && !d->piggy) post_count(d, have);
+}
+
+/* Ranks with data in this round (0 on failure, with the error recorded);
+ * starts every bucket when the count rides in bucket 0. */
+static int32_t round_count(dg_ddp *d) {
+  if (!d->piggy) return wait_count(d);
+  dg__ddp_start_rest(d);
+  if (d->err || !d->b[0].started) return 0;
+  int32_t n = dg__ddp_piggy_count(d, d->b[0].work);
+  if (n < 0) {
+    dg__ddp_fail(d, DG_EPEER, "ddp: rank %d: step %lld: all-reduce of bucket 0 (with the "
+                 "ranks-with-data count) failed: %s", d->rank, (long long)d->st.sync_steps,
+                 d->errmsg[0] ? d->errmsg : dg_pg_errmsg(d->pg));
+    return 0;
+  }
+  return n;
 }
 
 /* First hook of a backward: does it synchronise? */
@@ -108,7 +128,7 @@ static void log_unused(dg_ddp *d) {
 /* Completes a synchronising round: count, buckets, scale, rebuild. */
 static int finish_round(dg_ddp *d, int accum_div) {
   dg__ddp_start_rest(d);
-  int32_t active = wait_count(d);
+  int32_t active = round_count(d);
   float scale = active > 0 ? 1.0f / ((float)active * (float)accum_div) : 0.0f;
   int rc = dg__ddp_finish_all(d, scale);
   if (!rc && !d->rebuilt && !d->opts.static_buckets) rc = dg__ddp_rebuild(d);
@@ -157,6 +177,7 @@ static int setup(dg_ddp *d) {
   if (!d->opts.first_bucket_bytes) d->opts.first_bucket_bytes = 1 * MiB;
   if (d->opts.hook) d->hook = *d->opts.hook;
   else dg__ddp_builtin_hook(d, &d->hook);
+  d->piggy = dg__ddp_can_piggy(d);
   d->pbucket = dg__malloc((size_t)d->nparams * sizeof *d->pbucket);
   d->order = dg__malloc((size_t)d->nparams * sizeof *d->order);
   if (!d->pbucket || !d->order) return dg__ddp_fail(d, DG_ENOMEM, "ddp_new: out of memory");
@@ -235,10 +256,20 @@ int dg_ddp_join(dg_ddp *d) {
   if (d->in_step) return dg__ddp_fail(d, DG_ESTATE, "ddp_join: called inside a backward");
   while (!d->err) {
     begin_round(d, 0);
-    int32_t active = wait_count(d);
-    if (d->err || active == 0) break;
-    dg_params_zero_grad(d->ps); /* shadow step: this rank contributes zeros */
-    (void)dg_params_grad(d->ps, NULL); /* materialise the lazy zeros */
+    if (d->piggy) { /* the count comes with the (zero) buckets */
+      dg_params_zero_grad(d->ps); /* shadow step: this rank contributes zeros */
+      (void)dg_params_grad(d->ps, NULL); /* materialise the lazy zeros */
+    }
+    int32_t active = round_count(d);
+    if (d->err) break;
+    if (active == 0) { /* every rank has joined: same on all, no rebuild */
+      if (d->piggy) dg__ddp_finish_all(d, 0.0f);
+      break;
+    }
+    if (!d->piggy) {
+      dg_params_zero_grad(d->ps);
+      (void)dg_params_grad(d->ps, NULL);
+    }
     if (finish_round(d, 1)) break;
     d->st.shadow_steps++;
   }

@@ -41,8 +41,13 @@ struct dg_ddp {
   int micro;          /* backwards since the last sync (accumulation) */
   int last_synced;
   int sync_on;
-  int32_t has_data;   /* count all-reduce buffer */
+  int32_t has_data;   /* count all-reduce buffer / this rank's contribution */
   dg_work *count_work;
+  /* Join's ranks-with-data count rides as one extra element in bucket 0's
+   * all-reduce (built-in hooks; a user hook gets a separate all-reduce) */
+  int piggy;          /* this DDP carries the count in bucket 0 */
+  float *stage;       /* (stage_cap) f32: bucket 0's gradients + the count */
+  size_t stage_cap;
   int unused_logged;
   /* built-in compression: per-bucket half buffers */
   uint16_t **half;
@@ -74,6 +79,11 @@ void dg__ddp_view(const dg_ddp *d, int k, dg_ddp_bucket *out);
 /* ddp_hook.c: the built-in hook for opts.comm. */
 void dg__ddp_builtin_hook(dg_ddp *d, dg_ddp_comm_hook *out);
 void dg__ddp_hook_free(dg_ddp *d);
+/* Whether the built-in hook can carry the count for this world size. */
+int dg__ddp_can_piggy(const dg_ddp *d);
+/* Waits for bucket 0's reduction (started, carrying the count) and returns
+ * the number of ranks with data; on failure records it and returns -1. */
+int32_t dg__ddp_piggy_count(dg_ddp *d, void *pending);
 
 /* ddp.c */
 /* Records the first failure: code and message (printf format). */

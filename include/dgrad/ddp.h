@@ -54,16 +54,20 @@
  * not communicate and do not count towards accum_steps, and no extra division
  * is applied (scale the loss yourself).
  *
- * Uneven inputs (Join). Each synchronising step carries a one-integer
- * all-reduce "ranks with data" posted before the first bucket. A rank whose
+ * Uneven inputs (Join). Each synchronising step carries a "ranks with data"
+ * count: with the built-in comm hooks it rides as one extra element in
+ * bucket 0's all-reduce (no extra collective; f32 buckets are staged for
+ * that, fp16/bf16 ones already are); with a user hook it is a separate
+ * one-integer all-reduce posted at the first grad-ready hook, overlapping
+ * backward. A rank whose
  * data has run out calls dg_ddp_join: it keeps answering the other ranks'
  * steps with zero gradients until every rank has joined, and the others
  * divide by the number of ranks still training, so nobody waits forever.
  * Every rank calls dg_ddp_join once, after its last step. When all have
  * joined, parameter values are broadcast from a rank that trained longest,
  * so every rank ends with the same model (optimizer state is not synced).
- * opts.no_join = 1 drops the per-step count (a tiny all-reduce) for groups
- * known to be even; dg_ddp_join then returns DG_ESTATE.
+ * opts.no_join = 1 drops the per-step count for groups known to be even;
+ * dg_ddp_join then returns DG_ESTATE.
  *
  * Distributed sampling: dg_ddp_loader_opts fills dg_loader_opts (data.h) for
  * this rank: equal shards (pad by wrapping, or drop_last), reshuffled per
