@@ -1,10 +1,15 @@
 /* matmul, batched matmul and linear, forward and backward.
  *
  * Operand layouts: a logical (.., R, C) operand is used in place when its last
- * two dims are row-major (stride (C, 1)) or column-major (a transposed
- * contiguous tensor, stride (1, R)): the second just flips the GEMM transpose
- * flag. Anything else is packed first. Gradients are always written in the
- * operand's logical row-major layout. */
+ * two dims are row-major (stride (ld, 1), ld >= C) or column-major (a
+ * transposed tensor, stride (1, ld), ld >= R), whatever its batch stride:
+ * the GEMM takes ld as its leading dimension and column-major just flips the
+ * transpose flag, so slices, narrowed last dims and transposes cost no copy.
+ * Anything else is packed first. Gradients are always written in the
+ * operand's logical row-major layout.
+ *
+ * A batched a (B, M, K) times a shared b (K, N) with a's rows evenly spaced
+ * is one GEMM over B*M rows, forward and backward. */
 #include <string.h>
 
 #include "tensor/cpu/cpu_impl.h"
@@ -12,8 +17,8 @@
 typedef struct {
   const float *p;
   int64_t rows, cols; /* logical last two dims */
-  int64_t ld;         /* stored row length */
-  int64_t bstride;    /* elements between batch items (0: shared) */
+  int64_t ld;         /* stored row (row-major) or column (column-major) stride */
+  int64_t bstride;    /* elements between batch items (0: shared or one item) */
   int colmajor;
 } mat_view;
 
@@ -23,21 +28,31 @@ static int mat_of(dg_ctx *ctx, const char *op, dg_tensor *x, int64_t batch, mat_
   m->rows = x->shape[nd - 2];
   m->cols = x->shape[nd - 1];
   const int64_t *s = x->stride + nd - 2;
-  int batched = nd == 3;
-  if (s[1] == 1 && (s[0] == m->cols || m->rows == 1) &&
-      (!batched || x->shape[0] == 1 || x->stride[0] == m->rows * m->cols)) {
-    m->p = x->data, m->ld = m->cols, m->colmajor = 0;
-  } else if (s[0] == 1 && (s[1] == m->rows || m->cols == 1) &&
-             (!batched || x->shape[0] == 1 || x->stride[0] == m->rows * m->cols)) {
-    m->p = x->data, m->ld = m->rows, m->colmajor = 1;
+  int batched = nd == 3 && batch > 1;
+  /* rows of at least cols floats apart (row-major) or columns of at least
+   * rows floats apart (column-major), any batch stride: used in place */
+  if (s[1] == 1 && (s[0] >= m->cols || m->rows == 1)) {
+    m->p = x->data, m->ld = m->rows == 1 ? m->cols : s[0], m->colmajor = 0;
+  } else if (s[0] == 1 && (s[1] >= m->rows || m->cols == 1)) {
+    m->p = x->data, m->ld = m->cols == 1 ? m->rows : s[1], m->colmajor = 1;
   } else {
     m->p = dg__contig_data(ctx, op, x);
     if (!m->p) return ctx->err;
     m->ld = m->cols, m->colmajor = 0;
+    m->bstride = batched ? m->rows * m->cols : 0;
+    if (m->ld < 1) m->ld = 1;
+    return DG_OK;
   }
   if (m->ld < 1) m->ld = 1;
-  m->bstride = (batched && batch > 1) ? m->rows * m->cols : 0;
+  m->bstride = batched ? x->stride[0] : 0;
   return DG_OK;
+}
+
+/* 1 when op(m) (t: its effective GEMM transpose flag) is stored row-major
+ * and its batch items follow each other at its row stride, so (B, M, K)
+ * reads as (B*M, K) with the same ld. */
+static int rows_flat(const mat_view *m, int64_t M, int t) {
+  return !t && (m->bstride == 0 || m->bstride == M * m->ld);
 }
 
 /* ---- matmul ---- */
@@ -60,7 +75,18 @@ static int matmul_backward(dg_ctx *ctx, dg_node *n) {
   if ((dg__wants_grad(a) && !da) || (dg__wants_grad(b) && !db)) return ctx->err;
   /* a shared b (batched a, 2-D b) sums over the batch: only its first
    * product may overwrite */
-  int64_t a_bs = A.bstride ? A.rows * A.cols : 0, b_bs = Bv.bstride ? Bv.rows * Bv.cols : 0;
+  /* gradient items are laid out by the logical shape (a stride-0 batch
+   * still has B gradients) */
+  int64_t a_bs = a->ndim == 3 ? A.rows * A.cols : 0, b_bs = b->ndim == 3 ? Bv.rows * Bv.cols : 0;
+  if (B > 1 && b->ndim == 2 && !ta && rows_flat(&A, Mo, tA)) { /* shared b: B*M rows at once */
+    if (da) dg__sgemm(0, !tB, B * Mo, K, No, 1.0f, dc, No, Bv.p, Bv.ld, oa ? 0.0f : 1.0f, da, K);
+    if (db) {
+      float beta = ob ? 0.0f : 1.0f;
+      if (!tb) dg__sgemm(1, 0, K, No, B * Mo, 1.0f, A.p, A.ld, dc, No, beta, db, No);
+      else dg__sgemm(1, 0, No, K, B * Mo, 1.0f, dc, No, A.p, A.ld, beta, db, K);
+    }
+    return DG_OK;
+  }
   for (int64_t i = 0; i < B; i++) {
     const float *dci = dc + i * Mo * No;
     float beta_a = oa ? 0.0f : 1.0f, beta_b = (ob && (b_bs || i == 0)) ? 0.0f : 1.0f;
@@ -116,7 +142,7 @@ dg_tensor *dg_matmul_t(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, int ta, int tb) 
   if (mat_of(ctx, "matmul", a, B, &A) || mat_of(ctx, "matmul", b, B, &Bv)) return NULL;
   int tA = ta ^ A.colmajor, tB = tb ^ Bv.colmajor;
   float *cp = c->data;
-  if (B > 1 && !Bv.bstride && !tA && A.ld == K) /* shared b: one GEMM over B*M rows */
+  if (B > 1 && !Bv.bstride && rows_flat(&A, M, tA)) /* shared b: one GEMM over B*M rows */
     dg__sgemm(0, tB, B * M, N, K, 1.0f, A.p, A.ld, Bv.p, Bv.ld, 0.0f, cp, N);
   else
     for (int64_t i = 0; i < B; i++)
@@ -135,7 +161,51 @@ dg_tensor *dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b) {
   return dg_matmul_t(ctx, a, b, 0, 0);
 }
 
-/* ---- linear: y(R, O) = x(R, I) w(O, I)^T + b(O) ---- */
+/* ---- linear: y(R, O) = x(R, I) w(O, I)^T + b(O) ----
+ *
+ * x is used in place when its rows are evenly spaced (any contiguous
+ * tensor, a slice, a narrowed last dim: row stride ld >= I); w in place when
+ * row- or column-major. The bias is broadcast into y by doubling copies (a
+ * handful of memcpy calls, not one per row), then the GEMM accumulates with
+ * beta 1: OpenBLAS clears C for beta 0 anyway, so this costs no extra pass.
+ * Backward: dx, dw by GEMM (beta 0 into fresh buffers), db by a vectorised
+ * column sum. */
+
+/* Row stride of x seen as (R, I) rows with unit column stride, or 0 when
+ * its rows are not evenly spaced (then it is packed). */
+static int64_t rows_ld(const dg_tensor *x, int64_t I) {
+  int nd = x->ndim;
+  if (x->stride[nd - 1] != 1 && I > 1) return 0;
+  int64_t ld = -1, next = 0; /* stride the next-outer dim must have */
+  for (int d = nd - 2; d >= 0; d--) {
+    if (x->shape[d] == 1) continue;
+    if (ld < 0) ld = x->stride[d];
+    else if (x->stride[d] != next) return 0;
+    next = x->stride[d] * x->shape[d];
+  }
+  if (ld < 0) ld = I; /* a single row */
+  return ld >= I && ld >= 1 ? ld : 0;
+}
+
+/* db(O) (+)= column sums of dy(R, O), 16 columns per vector. */
+DG_INLINE void colsum_body(float *restrict db, const float *restrict dy, int64_t R, int64_t O,
+                           int overwrite) {
+  int64_t o = 0;
+  for (; o + 16 <= O; o += 16) {
+    float acc[16];
+    for (int k = 0; k < 16; k++) acc[k] = overwrite ? 0.0f : db[o + k];
+    for (int64_t r = 0; r < R; r++)
+      for (int k = 0; k < 16; k++) acc[k] += dy[r * O + o + k];
+    for (int k = 0; k < 16; k++) db[o + k] = acc[k];
+  }
+  for (; o < O; o++) {
+    float acc = overwrite ? 0.0f : db[o];
+    for (int64_t r = 0; r < R; r++) acc += dy[r * O + o];
+    db[o] = acc;
+  }
+}
+DG_SIMD_FN(colsum, (float *db, const float *dy, int64_t R, int64_t O, int overwrite),
+           (db, dy, R, O, overwrite))
 
 static int linear_backward(dg_ctx *ctx, dg_node *n) {
   dg_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
@@ -143,24 +213,22 @@ static int linear_backward(dg_ctx *ctx, dg_node *n) {
   if (!sx || !sw) return ctx->err;
   int64_t R = n->i[0], I = n->i[1], O = n->i[2];
   const float *dy = n->out->grad->data; /* (R, O) */
-  const float *xp = dg__contig_data(ctx, "linear backward", sx);
-  const float *wp = dg__contig_data(ctx, "linear backward", sw);
-  if (!xp || !wp) return ctx->err;
+  int64_t ldx = rows_ld(sx, I);
+  const float *xp = ldx ? sx->data : dg__contig_data(ctx, "linear backward", sx); /* (R, I) */
+  mat_view W;
+  if (!xp || mat_of(ctx, "linear backward", sw, 1, &W)) return ctx->err; /* (O, I) */
+  if (!ldx) ldx = I;
   /* first writers overwrite (beta 0): no memset of fresh or lazily zeroed
    * gradient buffers */
   int ox, ow, ob;
   float *dx = dg__grad_buf_w(ctx, x, &ox), *dw = dg__grad_buf_w(ctx, w, &ow);
   float *db = dg__grad_buf_w(ctx, b, &ob);
   if (ctx->err) return ctx->err;
-  if (dx) dg__sgemm(0, 0, R, I, O, 1.0f, dy, O, wp, I, ox ? 0.0f : 1.0f, dx, I); /* dy(R,O) w(O,I) */
-  if (dw) dg__sgemm(1, 0, O, I, R, 1.0f, dy, O, xp, I, ow ? 0.0f : 1.0f, dw, I); /* dy^T(O,R) x(R,I) */
-  if (db) {
-    if (ob) memset(db, 0, (size_t)O * sizeof(float));
-    for (int64_t r = 0; r < R; r++) {
-      const float *row = dy + r * O;
-      for (int64_t o = 0; o < O; o++) db[o] += row[o];
-    }
-  }
+  if (dx) /* dy(R,O) w(O,I) */
+    dg__sgemm(0, W.colmajor, R, I, O, 1.0f, dy, O, W.p, W.ld, ox ? 0.0f : 1.0f, dx, I);
+  if (dw) /* dy^T(O,R) x(R,I) */
+    dg__sgemm(1, 0, O, I, R, 1.0f, dy, O, xp, ldx, ow ? 0.0f : 1.0f, dw, I);
+  if (db) colsum(db, dy, R, O, ob);
   return DG_OK;
 }
 
@@ -185,16 +253,21 @@ dg_tensor *dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b) {
   for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
   shape[x->ndim - 1] = O;
   dg_tensor *y = dg__new(ctx, "linear", DG_F32, x->ndim, shape);
-  const float *xp = y ? dg__contig_data(ctx, "linear", x) : NULL;
-  const float *wp = xp ? dg__contig_data(ctx, "linear", w) : NULL;
-  if (!wp) return NULL;
-  float *yp = y->data;
-  if (b) {
+  if (!y) return NULL;
+  int64_t ldx = rows_ld(x, I);
+  const float *xp = ldx ? x->data : dg__contig_data(ctx, "linear", x); /* (R, I) */
+  mat_view W;
+  if (!xp || mat_of(ctx, "linear", w, 1, &W)) return NULL; /* (O, I) */
+  if (!ldx) ldx = I;
+  float *yp = y->data; /* (R, O) */
+  if (b && R > 0 && O > 0) {
     const float *bp = dg__contig_data(ctx, "linear", b);
     if (!bp) return NULL;
-    for (int64_t r = 0; r < R; r++) memcpy(yp + r * O, bp, (size_t)O * sizeof(float));
+    memcpy(yp, bp, (size_t)O * sizeof(float));
+    for (int64_t k = 1; k < R; k *= 2) /* rows [k, 2k) from rows [0, k) */
+      memcpy(yp + k * O, yp, (size_t)(DG_MIN(k, R - k) * O) * sizeof(float));
   }
-  dg__sgemm(0, 1, R, O, I, 1.0f, xp, I, wp, I, b ? 1.0f : 0.0f, yp, O);
+  dg__sgemm(0, !W.colmajor, R, O, I, 1.0f, xp, ldx, W.p, W.ld, b ? 1.0f : 0.0f, yp, O);
   dg_tensor *in[3] = {x, w, b};
   if (dg__needs_grad(ctx, 3, in)) {
     dg_node *n = dg__record(ctx, "linear", linear_backward, y, b ? 3 : 2, in);

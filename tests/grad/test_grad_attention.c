@@ -1,7 +1,9 @@
 /* dg_attention (fused multi-head self-attention): finite-difference checks
  * of backward, equality with the unfused composition (split, permute,
  * matmul, scale, causal mask, softmax, matmul, merge) forward and backward
- * on 1 and 2 threads, gradient accumulation, eval mode and error paths. */
+ * on 1 and 2 threads, gradient accumulation, eval mode and error paths.
+ * Also the strided-operand paths of dg_linear / dg_matmul that the
+ * attention path relies on (views used in place, shared b as one GEMM). */
 #include "gradcheck.h"
 #include "test.h"
 
@@ -194,7 +196,77 @@ static void errors(dg_ctx *ctx) {
   CHECK(dg_attention(ctx, x, 2, 1, 1.0f) != NULL);
 }
 
+/* ---- linear / matmul on strided views ---- */
+
+/* (N, I') -> columns [1, 1 + I) as a (N, I) view with row stride I' */
+static dg_tensor *narrow_cols(dg_ctx *ctx, dg_tensor *x, int64_t I) {
+  return dg_transpose(ctx, dg_slice(ctx, dg_transpose(ctx, x, 0, 1), 1, 1 + I), 0, 1);
+}
+static dg_tensor *f_linear_narrow(dg_ctx *ctx, dg_tensor **in, void *u) {
+  (void)u;
+  return dg_linear(ctx, narrow_cols(ctx, in[0], 4), in[1], in[2]);
+}
+/* w given transposed: (I, O) stored, used as (O, I) column-major */
+static dg_tensor *f_linear_wt(dg_ctx *ctx, dg_tensor **in, void *u) {
+  (void)u;
+  return dg_linear(ctx, narrow_cols(ctx, in[0], 4), dg_transpose(ctx, in[1], 0, 1), in[2]);
+}
+/* a (M, B, K) -> (B, M, K) with batch stride K and row stride B*K; b shared */
+static dg_tensor *f_bmm_strided_a(dg_ctx *ctx, dg_tensor **in, void *u) {
+  int tb = u != NULL;
+  return dg_matmul_t(ctx, dg_transpose(ctx, in[0], 0, 1), in[1], 0, tb);
+}
+/* both batched through transposed views */
+static dg_tensor *f_bmm_strided_ab(dg_ctx *ctx, dg_tensor **in, void *u) {
+  (void)u;
+  return dg_matmul(ctx, dg_transpose(ctx, in[0], 0, 1), dg_transpose(ctx, in[1], 0, 1));
+}
+/* shared b, a contiguous: one GEMM over B*M rows (tb from u) */
+static dg_tensor *f_bmm_shared(dg_ctx *ctx, dg_tensor **in, void *u) {
+  return dg_matmul_t(ctx, in[0], in[1], 0, u != NULL);
+}
+/* a given as (B, K, M) used transposed: op(a) row-major, flat forward */
+static dg_tensor *f_bmm_shared_ta(dg_ctx *ctx, dg_tensor **in, void *u) {
+  (void)u;
+  return dg_matmul_t(ctx, in[0], in[1], 1, 0);
+}
+
+static void grad_strided(void) {
+  int64_t sx[2] = {6, 7}, sw[2] = {5, 4}, swt[2] = {4, 5}, sb[1] = {5};
+  dg_tensor *in[3] = {gc_input(2, sx, -1, 1, 600), gc_input(2, sw, -1, 1, 601),
+                      gc_input(1, sb, -1, 1, 602)};
+  CHECK_EQ_INT(gc_check("linear, x narrowed view", f_linear_narrow, NULL, 3, in, 1e-3, 1e-2), 0);
+  dg_tensor_free(in[1]);
+  in[1] = gc_input(2, swt, -1, 1, 603);
+  CHECK_EQ_INT(gc_check("linear, w transposed", f_linear_wt, NULL, 3, in, 1e-3, 1e-2), 0);
+  for (int k = 0; k < 3; k++) dg_tensor_free(in[k]);
+
+  int64_t sa[3] = {3, 2, 4}, sbk[2] = {4, 5}, sbn[2] = {5, 4}, sb3[3] = {4, 2, 5};
+  dg_tensor *ab[2] = {gc_input(3, sa, -1, 1, 610), gc_input(2, sbk, -1, 1, 611)};
+  CHECK_EQ_INT(gc_check("bmm strided a, shared b", f_bmm_strided_a, NULL, 2, ab, 1e-3, 1e-2), 0);
+  dg_tensor_free(ab[1]);
+  ab[1] = gc_input(2, sbn, -1, 1, 612);
+  CHECK_EQ_INT(gc_check("bmm strided a, shared b^T", f_bmm_strided_a, (void *)1, 2, ab, 1e-3, 1e-2), 0);
+  dg_tensor_free(ab[1]);
+  ab[1] = gc_input(3, sb3, -1, 1, 613);
+  CHECK_EQ_INT(gc_check("bmm strided a and b", f_bmm_strided_ab, NULL, 2, ab, 1e-3, 1e-2), 0);
+  dg_tensor_free(ab[0]), dg_tensor_free(ab[1]);
+
+  int64_t sc[3] = {3, 2, 4}, sct[3] = {3, 4, 2};
+  dg_tensor *cd[2] = {gc_input(3, sc, -1, 1, 620), gc_input(2, sbk, -1, 1, 621)};
+  CHECK_EQ_INT(gc_check("bmm shared b (one GEMM)", f_bmm_shared, NULL, 2, cd, 1e-3, 1e-2), 0);
+  dg_tensor_free(cd[1]);
+  cd[1] = gc_input(2, sbn, -1, 1, 622);
+  CHECK_EQ_INT(gc_check("bmm shared b^T (one GEMM)", f_bmm_shared, (void *)1, 2, cd, 1e-3, 1e-2), 0);
+  dg_tensor_free(cd[0]), dg_tensor_free(cd[1]);
+  cd[0] = gc_input(3, sct, -1, 1, 623);
+  cd[1] = gc_input(2, sbk, -1, 1, 624);
+  CHECK_EQ_INT(gc_check("bmm a^T, shared b", f_bmm_shared_ta, NULL, 2, cd, 1e-3, 1e-2), 0);
+  dg_tensor_free(cd[0]), dg_tensor_free(cd[1]);
+}
+
 int main(void) {
+  grad_strided();
   grad_fused();
   vs_unfused(1);
   vs_unfused(2);
