@@ -1,22 +1,30 @@
 /* Causal attention mask, forward and backward: scores (..., T, T) with every
  * entry above the diagonal (key j > query i) set to -inf, so a following
  * softmax gives it weight 0. Backward passes the gradient through where the
- * entry was kept and drops it where it was masked. */
+ * entry was kept and drops it where it was masked; into a fresh gradient it
+ * stores (zeros where masked) instead of clearing and adding. For attention
+ * itself, dg_attention (attention.c) fuses mask, scale and softmax. */
 #include <math.h>
 #include <string.h>
 
 #include "tensor/cpu/cpu_impl.h"
 
 static int mask_backward(dg_ctx *ctx, dg_node *n) {
-  float *dx = dg__grad_buf(ctx, n->in[0]); /* (B, T, T) */
+  int ow;
+  float *dx = dg__grad_buf_w(ctx, n->in[0], &ow); /* (B, T, T) */
   if (!dx) return ctx->err;
-  const float *dy = n->out->grad->data;   /* (B, T, T) */
+  const float *dy = n->out->grad->data;         /* (B, T, T) */
   int64_t B = n->i[0], T = n->i[1];
   for (int64_t b = 0; b < B; b++)
     for (int64_t i = 0; i < T; i++) {
       float *restrict d = dx + (b * T + i) * T;
       const float *restrict g = dy + (b * T + i) * T;
-      for (int64_t j = 0; j <= i; j++) d[j] += g[j];
+      if (ow) { /* fresh gradient: store, zeros where masked */
+        memcpy(d, g, (size_t)(i + 1) * sizeof(float));
+        memset(d + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
+      } else {
+        for (int64_t j = 0; j <= i; j++) d[j] += g[j];
+      }
     }
   return DG_OK;
 }

@@ -265,7 +265,60 @@ static void grad_strided(void) {
   dg_tensor_free(cd[0]), dg_tensor_free(cd[1]);
 }
 
+/* ---- the module: CausalSelfAttention uses the fused op ---- */
+
+static void module_path(void) {
+  enum { B = 2, T = 5, C = 16, H = 4 };
+  dg_module *m = NULL, *md = NULL;
+  dg_params *ps = NULL;
+  dg_ctx *ctx = NULL;
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_ctx_new(&ctx, NULL) == DG_OK);
+  REQUIRE(dg_nn_causal_attention(&m, C, H, 0.0f) == DG_OK);
+  REQUIRE(dg_nn_causal_attention(&md, C, H, 0.5f) == DG_OK);
+  REQUIRE(dg_module_bind(m, ps, "attn", 5) == DG_OK);
+  REQUIRE(dg_module_bind(md, ps, "drop", 5) == DG_OK);
+  dg_tensor *wa = dg_params_find(ps, "attn.c_attn.weight"), *ba = dg_params_find(ps, "attn.c_attn.bias");
+  dg_tensor *wp = dg_params_find(ps, "attn.c_proj.weight"), *bp = dg_params_find(ps, "attn.c_proj.bias");
+  REQUIRE(wa && ba && wp && bp);
+  int64_t xs[3] = {B, T, C};
+  dg_tensor *x = dg_randn(ctx, 3, xs, 0, 1);
+  dg_tensor *y = dg_module_forward(m, ctx, x);
+  REQUIRE(y);
+  att_case c = {B, T, C, H, 1};
+  dg_tensor *in[1] = {dg_linear(ctx, x, wa, ba)};
+  dg_tensor *yr = dg_linear(ctx, f_unfused(ctx, in, &c), wp, bp);
+  REQUIRE(yr);
+  double sc;
+  double d = max_abs_diff(dg_tensor_data(y), dg_tensor_data(yr), B * T * C, &sc);
+  CHECK(d <= 1e-6 * (1 + sc));
+  CHECK_OK(dg_backward(ctx, dg_sum(ctx, y)));
+  /* attention dropout (train): the unfused path; it runs forward and
+   * backward and differs from eval, where the fused path gives the
+   * dropout-free output */
+  dg_ctx_reset(ctx);
+  x = dg_randn(ctx, 3, xs, 0, 1);
+  dg_ctx_seed(ctx, 11);
+  dg_tensor *yd = dg_module_forward(md, ctx, x);
+  REQUIRE(yd);
+  CHECK_OK(dg_backward(ctx, dg_sum(ctx, yd)));
+  CHECK(dg_tensor_grad(dg_params_find(ps, "drop.c_attn.weight")) != NULL);
+  dg_ctx_set_train(ctx, 0);
+  dg_tensor *ye = dg_module_forward(md, ctx, x);
+  REQUIRE(ye);
+  CHECK(max_abs_diff(dg_tensor_data(yd), dg_tensor_data(ye), B * T * C, &sc) > 1e-3);
+  dg_ctx_set_train(ctx, 1);
+  dg_module_set_train(md, 0);
+  dg_tensor *ym = dg_module_forward(md, ctx, x);
+  REQUIRE(ym);
+  CHECK_NEAR(max_abs_diff(dg_tensor_data(ym), dg_tensor_data(ye), B * T * C, &sc), 0, 0);
+  dg_module_free(m);
+  dg_module_free(md);
+  dg_ctx_free(ctx);
+  dg_params_free(ps);
+}
+
 int main(void) {
+  module_path();
   grad_strided();
   grad_fused();
   vs_unfused(1);
