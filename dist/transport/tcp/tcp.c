@@ -130,7 +130,9 @@ static void close_pair(dg_tcp_xport *x, dg_tcp_pair *p, int code) {
   fail_list(x, p->recvs, code);
   fail_list(x, p->sends, code);
   p->recvs = p->recvs_tail = p->sends = p->sends_tail = NULL;
+  if (p->rop && p->rop != p->rop_unx) complete(x, p->rop, code); /* cut short */
   p->rop = NULL;
+  p->rh_got = 0;
   while (p->out) {
     dg_tcp_msg *m = p->out;
     p->out = m->next;
@@ -154,6 +156,31 @@ static void close_pair(dg_tcp_xport *x, dg_tcp_pair *p, int code) {
     p->fd = -1;
   }
   if (p->state == DG_PAIR_OK) p->state = DG_PAIR_CLOSED;
+}
+
+/* A dgrad peer that said goodbye closed its end (lock held): what it sent
+ * before leaving is delivered; data that came before the receive that wants
+ * it (eager, kept in `unx`) stays for receives posted later. Only ops that
+ * can no longer complete fail: receives waiting for more, sends to it. */
+static void pair_left(dg_tcp_xport *x, dg_tcp_pair *p) {
+  dg_xop *keep = p->unx, *keep_tail = p->unx_tail;
+  if (p->rop_unx) { /* a message cut short: drop it */
+    unx_put(x, p->rop_unx);
+    p->rop_unx = NULL;
+  }
+  p->unx = p->unx_tail = NULL;
+  close_pair(x, p, DG_EPEER);
+  p->unx = keep;
+  p->unx_tail = keep_tail;
+  p->state = DG_PAIR_BYE;
+}
+
+/* Whether an eager receive of `slot` can still be served by a peer that
+ * left: its data is already here. */
+static int left_has(const dg_tcp_pair *p, uint64_t slot) {
+  for (const dg_xop *u = p->unx; u; u = u->next)
+    if (u->slot == slot) return 1;
+  return 0;
 }
 
 /* Sticky failure of the whole transport (lock held). */
@@ -300,7 +327,7 @@ static int post_check(dg_tcp_xport *x, dg_xop *op, dg_tcp_pair **pp) {
     return x->err;
   }
   *pp = &x->pairs[op->peer];
-  if ((*pp)->fd < 0) {
+  if ((*pp)->fd < 0 && !(!op->is_send && op->eager && left_has(*pp, op->slot))) {
     op->status = DG_EPEER;
     return DG_EPEER;
   }
@@ -482,7 +509,9 @@ static void on_eof(dg_tcp_xport *x, dg_tcp_pair *p, int err) {
   if (p->state == DG_PAIR_BYE || (!busy && !x->base.all_dgrad)) {
     /* A peer that left cleanly: only ops that need it fail from now on. */
     DG_LOGD("tcp transport rank %d: rank %d left (%s)", x->base.rank, p->peer, why);
-    close_pair(x, p, DG_EPEER);
+    if (p->state == DG_PAIR_BYE) pair_left(x, p);
+    else close_pair(x, p, DG_EPEER);
+    pthread_cond_broadcast(&x->cv);
     return;
   }
   xfail(x, DG_EPEER, p->peer, "rank %d (%s): %s (process exited or was killed?)", p->peer, p->addr,
