@@ -187,21 +187,22 @@ static int64_t rows_ld(const dg_tensor *x, int64_t I) {
   return ld >= I && ld >= 1 ? ld : 0;
 }
 
-/* db(O) (+)= column sums of dy(R, O), 16 columns per vector. */
+/* db(O) (+)= column sums of dy(R, O): streams dy row by row into db
+ * (O floats, cache-resident), vectorised along the row. */
 DG_INLINE void colsum_body(float *restrict db, const float *restrict dy, int64_t R, int64_t O,
                            int overwrite) {
-  int64_t o = 0;
-  for (; o + 16 <= O; o += 16) {
-    float acc[16];
-    for (int k = 0; k < 16; k++) acc[k] = overwrite ? 0.0f : db[o + k];
-    for (int64_t r = 0; r < R; r++)
-      for (int k = 0; k < 16; k++) acc[k] += dy[r * O + o + k];
-    for (int k = 0; k < 16; k++) db[o + k] = acc[k];
+  int64_t r = 0;
+  if (overwrite) {
+    if (R == 0) {
+      memset(db, 0, (size_t)O * sizeof(float));
+      return;
+    }
+    memcpy(db, dy, (size_t)O * sizeof(float));
+    r = 1;
   }
-  for (; o < O; o++) {
-    float acc = overwrite ? 0.0f : db[o];
-    for (int64_t r = 0; r < R; r++) acc += dy[r * O + o];
-    db[o] = acc;
+  for (; r < R; r++) {
+    const float *restrict row = dy + r * O;
+    for (int64_t o = 0; o < O; o++) db[o] += row[o];
   }
 }
 DG_SIMD_FN(colsum, (float *db, const float *dy, int64_t R, int64_t O, int overwrite),
