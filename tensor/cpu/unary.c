@@ -2,14 +2,12 @@
  * forward and backward.
  *
  * tanh, sigmoid and gelu use a branch-free single-precision exp (Cephes
- * expf, about 1 ulp) so their loops vectorise; libm's expf/tanhf are scalar
- * calls. Relative error against double: sigmoid, tanh < 2e-7.
- * exp and log themselves call libm: accuracy and torch's edge cases
- * (inf, denormals, log(0) = -inf, log(<0) = nan) come for free.
- *
- * exp runs the same polynomial over its whole finite range [-87.3, 88]
- * (overflow-free there) and hands blocks holding anything else (inf, nan,
- * denormal results) to libm.
+ * expf, about 1 ulp; cpu_impl.h) so their loops vectorise; libm's
+ * expf/tanhf are scalar calls. Relative error against double: sigmoid,
+ * tanh < 2e-7. exp runs the same polynomial wherever its result is a
+ * normal float ([-87.3, 88]) and hands each 64-element block holding
+ * anything else (inf, nan, overflow, denormal results) to libm, so torch's
+ * edge cases still hold; log calls libm (log(0) = -inf, log(<0) = nan).
  *
  * Backward reads what it saved: the output for relu/tanh/sigmoid/exp (as
  * torch does), the input for gelu/log. GELU backward recomputes tanh (a few
