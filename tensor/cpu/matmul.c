@@ -208,6 +208,23 @@ DG_INLINE void colsum_body(float *restrict db, const float *restrict dy, int64_t
 DG_SIMD_FN(colsum, (float *db, const float *dy, int64_t R, int64_t O, int overwrite),
            (db, dy, R, O, overwrite))
 
+/* y rows [lo, hi) = b: one row copied, then doubled (a few memcpy calls,
+ * not one per row). */
+typedef struct {
+  const float *b; /* (O) */
+  float *y;       /* (R, O) */
+  int64_t O;
+} bias_job;
+
+static void bias_task(void *arg, int64_t lo, int64_t hi) {
+  const bias_job *j = arg;
+  float *y = j->y + lo * j->O;
+  int64_t n = hi - lo;
+  memcpy(y, j->b, (size_t)j->O * sizeof(float));
+  for (int64_t k = 1; k < n; k *= 2) /* rows [k, 2k) from rows [0, k) */
+    memcpy(y + k * j->O, y, (size_t)(DG_MIN(k, n - k) * j->O) * sizeof(float));
+}
+
 static int linear_backward(dg_ctx *ctx, dg_node *n) {
   dg_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
   dg_tensor *sx = dg__saved(ctx, n, 0), *sw = dg__saved(ctx, n, 1);
@@ -262,11 +279,9 @@ dg_tensor *dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b) {
   if (!ldx) ldx = I;
   float *yp = y->data; /* (R, O) */
   if (b && R > 0 && O > 0) {
-    const float *bp = dg__contig_data(ctx, "linear", b);
-    if (!bp) return NULL;
-    memcpy(yp, bp, (size_t)O * sizeof(float));
-    for (int64_t k = 1; k < R; k *= 2) /* rows [k, 2k) from rows [0, k) */
-      memcpy(yp + k * O, yp, (size_t)(DG_MIN(k, R - k) * O) * sizeof(float));
+    bias_job bj = {dg__contig_data(ctx, "linear", b), yp, O};
+    if (!bj.b) return NULL;
+    dg__parallel_range(R, DG_MAX((int64_t)1, DG_GRAIN_MEM / O), bias_task, &bj);
   }
   dg__sgemm(0, !W.colmajor, R, O, I, 1.0f, xp, ldx, W.p, W.ld, b ? 1.0f : 0.0f, yp, O);
   dg_tensor *in[3] = {x, w, b};
