@@ -317,7 +317,32 @@ static void module_path(void) {
   dg_params_free(ps);
 }
 
+/* 1 and 2 threads give the same bits (each (b, h) pair is computed alone,
+ * whichever task runs it). */
+static void thread_invariance(void) {
+  att_case c = {4, 33, 48, 3, 1};
+  int64_t s[3] = {c.B, c.T, 3 * c.C}, ny = c.B * c.T * c.C, nx = 3 * ny;
+  dg_tensor *x = gc_input(3, s, -2, 2, 700);
+  float *w = malloc((size_t)ny * sizeof *w), *y1 = malloc((size_t)ny * sizeof *y1);
+  dg_rng_uniform(701, 0, w, (size_t)ny);
+  dg_ctx *ctx = NULL;
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  dg_tensor *y;
+  dg_set_num_threads(1);
+  float *g1 = run(ctx, f_fused, &c, x, w, &y);
+  memcpy(y1, dg_tensor_data(y), (size_t)ny * sizeof *y1);
+  dg_set_num_threads(2);
+  float *g2 = run(ctx, f_fused, &c, x, w, &y);
+  CHECK(memcmp(y1, dg_tensor_data(y), (size_t)ny * sizeof *y1) == 0);
+  CHECK(memcmp(g1, g2, (size_t)nx * sizeof *g1) == 0);
+  dg_set_num_threads(1);
+  free(w), free(y1), free(g1), free(g2);
+  dg_tensor_free(x);
+  dg_ctx_free(ctx);
+}
+
 int main(void) {
+  thread_invariance();
   module_path();
   grad_strided();
   grad_fused();
