@@ -27,29 +27,12 @@
 
 #define ATT_BLK 64 /* causal GEMM block (rows of S); T <= ATT_BLK: one GEMM */
 
-/* exp(x) for x <= 0, branch-free so row loops vectorise (Cephes expf, ~1
- * ulp; the same kernel as tensor/cpu/unary.c). Below -87.3 (and -inf) it
- * returns 0. */
+/* exp(x) for x <= 0, branch-free so row loops vectorise: cpu_impl.h's
+ * Cephes kernel (~1 ulp), flushed to 0 below -87.3 (and for -inf) where
+ * that saturates at FLT_MIN. */
 DG_INLINE float att_exp(float x) {
-  const float magic = 12582912.0f;
-  /* as unsigned, +0 is the smallest and a larger |x| of a negative x is a
-   * larger number: one unsigned min clamps at -87.3 */
-  uint32_t xb = (uint32_t)dg__f_to_bits(x), lb = (uint32_t)dg__f_to_bits(-87.3365447504f);
-  int32_t keep = -(int32_t)(xb <= lb); /* all ones for x >= -87.3 */
-  float xc = dg__bits_to_f((int32_t)(xb < lb ? xb : lb));
-  float t = xc * 1.44269504088896341f + magic;
-  int32_t n = dg__f_to_bits(t) - dg__f_to_bits(magic);
-  float fn = t - magic;
-  float r = xc - fn * 0.693359375f;
-  r = r - fn * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
-  return dg__bits_to_f(dg__f_to_bits(y * dg__bits_to_f((n + 127) * (1 << 23))) & keep);
+  int32_t keep = -(int32_t)(x >= -87.3365447504f);
+  return dg__bits_to_f(dg__f_to_bits(dg__exp_nonpos(x)) & keep);
 }
 
 /* Float bits -> an int32 in the same order (negatives flipped); f_key_inv
@@ -255,6 +238,7 @@ static int attention_backward(dg_ctx *ctx, dg_node *n) {
   if (!j.dqkv) return ctx->err;
   j.beta = ow ? 0.0f : 1.0f;
   j.ntasks = att_ntasks(j.B * j.H);
+  if (j.B * j.H * j.T == 0) return DG_OK;
   j.dS = dg__arena_alloc(&ctx->arena, (size_t)j.ntasks * j.T * j.T * sizeof(float));
   if (!j.dS) return dg__set_error(ctx, DG_ENOMEM, "attention backward: out of memory");
   dg__parallel_for(j.ntasks, bwd_task, &j);
@@ -291,7 +275,7 @@ dg_tensor *dg_attention(dg_ctx *ctx, dg_tensor *qkv, int heads, int causal, floa
     P = dg__new(ctx, "attention", DG_F32, 4, pshape);
     if (!P) return NULL;
     j.P = P->data;
-  } else {
+  } else if (j.B * j.H * j.T > 0) {
     j.P = dg__arena_alloc(&ctx->arena, (size_t)j.ntasks * j.T * j.T * sizeof(float));
     if (!j.P) {
       dg__set_error(ctx, DG_ENOMEM, "attention: out of memory");

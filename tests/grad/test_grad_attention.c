@@ -194,6 +194,21 @@ static void errors(dg_ctx *ctx) {
   CHECK_EQ_INT(dg_errcode(ctx), DG_EDTYPE);
   dg_clear_error(ctx);
   CHECK(dg_attention(ctx, x, 2, 1, 1.0f) != NULL);
+  /* empty: T = 0 and B = 0, with and without grad */
+  int64_t e1[3] = {2, 0, 12}, e2[3] = {0, 3, 12};
+  for (int k = 0; k < 2; k++) {
+    dg_tensor *e = NULL;
+    REQUIRE(dg_tensor_new(&e, DG_F32, 3, k ? e2 : e1) == DG_OK);
+    dg_tensor_set_requires_grad(e, 1);
+    dg_tensor *y = dg_attention(ctx, e, 2, 1, 1.0f);
+    REQUIRE(y);
+    CHECK_EQ_INT(dg_tensor_numel(y), 0);
+    CHECK_OK(dg_backward(ctx, dg_sum(ctx, y)));
+    int prev = dg_set_grad_enabled(ctx, 0);
+    CHECK(dg_attention(ctx, e, 2, 0, 1.0f) != NULL);
+    dg_set_grad_enabled(ctx, prev);
+    dg_tensor_free(e);
+  }
 }
 
 /* ---- linear / matmul on strided views ---- */
