@@ -102,7 +102,7 @@ static void on_ready(void *user, dg_params *ps, int i, int reached) {
   if (ps != d->ps) return;
   begin_step(d);
   if (!d->order_done && d->norder < d->nparams) d->order[d->norder++] = i;
-  if (!d->syncing || d->opts.no_overlap || d->err) return;
+  if (!d->syncing || d->opts.no_overlap || d->err || d->world == 1) return;
   int k = d->pbucket[i];
   if (k < 0 || --d->b[k].pending > 0) return;
   while (d->next_start < d->nb && d->b[d->next_start].pending <= 0)
@@ -127,6 +127,15 @@ static void log_unused(dg_ddp *d) {
 
 /* Completes a synchronising round: count, buckets, scale, rebuild. */
 static int finish_round(dg_ddp *d, int accum_div) {
+  if (d->world == 1) { /* nothing to exchange: only the accumulation divisor */
+    if (accum_div > 1) {
+      size_t n;
+      float *g = dg_params_grad(d->ps, &n);
+      const float s = 1.0f / (float)accum_div;
+      for (size_t j = 0; j < n; j++) g[j] *= s;
+    }
+    return d->err;
+  }
   dg__ddp_start_rest(d);
   int32_t active = round_count(d);
   float scale = active > 0 ? 1.0f / ((float)active * (float)accum_div) : 0.0f;

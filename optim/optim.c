@@ -61,7 +61,8 @@ static void run_chunk(void *arg, int64_t lo, int64_t hi) {
   j->fn(j->o, j->w, j->g, j->base + (size_t)lo, j->base + (size_t)hi);
 }
 
-static void run_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi, range_fn fn) {
+void dg__optim_run_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi,
+                         range_fn fn) {
   run_job j = {fn, o, w, g, lo};
   dg__parallel_range((int64_t)(hi - lo), 32768, run_chunk, &j);
 }
@@ -82,12 +83,12 @@ static void for_each_run(dg_optim *o, float *w, const float *g, range_fn fn) {
       hi = phi;
       continue;
     }
-    if (open) run_range(o, w, g, lo, hi, fn);
+    if (open) dg__optim_run_range(o, w, g, lo, hi, fn);
     lo = plo;
     hi = phi;
     open = 1;
   }
-  if (open) run_range(o, w, g, lo, hi, fn);
+  if (open) dg__optim_run_range(o, w, g, lo, hi, fn);
 }
 
 int dg_optim_step(dg_optim *o) {
@@ -222,4 +223,10 @@ int dg_optim_adamw_new(dg_optim **out, dg_params *ps, const dg_adamw_opts *opts)
   (*out)->lr = op.lr;
   (*out)->step_fn = adamw_step;
   return DG_OK;
+}
+
+dg__optim_range_fn dg__optim_range(const dg_optim *o) {
+  if (o->kind == DG__OPT_SGD) return sgd_range;
+  if (o->kind == DG__OPT_ADAMW) return adamw_range;
+  return NULL;
 }

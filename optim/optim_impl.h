@@ -29,7 +29,19 @@ struct dg_optim {
   const char *state_name[DG_OPTIM_MAX_STATE];
   float *state[DG_OPTIM_MAX_STATE]; /* (n) each, layout of the flat buffer */
   dg__optim_step_fn step_fn;
+  /* fused into backward (dg_optim_fuse_backward) */
+  dg_ctx *fused_ctx;
+  int fused_ready_id, fused_end_id, fused_in_step;
 };
+
+/* Element-wise update of [lo, hi) of the flat buffers (SGD, AdamW); NULL for
+ * the kinds that need whole-parameter norms first. */
+typedef void (*dg__optim_range_fn)(struct dg_optim *o, float *w, const float *g, size_t lo,
+                                   size_t hi);
+dg__optim_range_fn dg__optim_range(const struct dg_optim *o);
+/* Runs fn over [lo, hi), split over dgrad's compute pool when long. */
+void dg__optim_run_range(struct dg_optim *o, float *w, const float *g, size_t lo, size_t hi,
+                         dg__optim_range_fn fn);
 
 /* Allocates the object and `nstate` zeroed state buffers of the store's flat
  * length. Names are static strings. */

@@ -119,6 +119,16 @@ void dg_optim_free(dg_optim *o);
  * step" (momentum buffer = d) is step 1 of the optimizer. */
 int dg_optim_step(dg_optim *o);
 
+/* Fuses the step into backward on `ctx` (SGD and AdamW): each parameter is
+ * updated from its grad-ready hook, the moment its gradient is final, with
+ * the same arithmetic as dg_optim_step; do not call dg_optim_step as well.
+ * Not for gradient clipping by global norm, accumulation over several
+ * backwards, or DDP (whose reduced gradient arrives after the hook). Returns
+ * DG_EUNSUPPORTED for LAMB/LARS, DG_ESTATE when already fused. The ctx must
+ * outlive the fusion (dg_optim_unfuse_backward ends it). */
+int dg_optim_fuse_backward(dg_optim *o, dg_ctx *ctx);
+int dg_optim_unfuse_backward(dg_optim *o);
+
 /* "sgd", "adamw", "lamb", "lars". */
 const char *dg_optim_name(const dg_optim *o);
 void dg_optim_set_lr(dg_optim *o, float lr);

@@ -74,7 +74,7 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
   dg_ddp_get_stats(ddp, &sts);
   CHECK_EQ_INT(sts.sync_steps, STEPS);
   CHECK_EQ_INT(sts.local_steps, STEPS * (c->K - 1));
-  CHECK_EQ_INT(sts.rebuilt, 1);
+  CHECK_EQ_INT(sts.rebuilt, W > 1); /* one rank: nothing to exchange or rebuild */
   if (!strcmp(c->caps, "small")) CHECK(sts.nbuckets >= 3);
   else CHECK_EQ_INT(sts.nbuckets, 1);
   dg_ddp_free(ddp);

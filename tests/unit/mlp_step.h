@@ -5,7 +5,7 @@
 
 #include <dgrad.h>
 
-static int mlp_build(dg_params *ps) {
+static inline int mlp_build(dg_params *ps) {
   int64_t w0[2] = {32, 20}, b0[1] = {32}, w1[2] = {10, 32}, b1[1] = {10};
   int rc;
   if ((rc = dg_params_add(ps, "fc0.weight", 2, w0, NULL))) return rc;
@@ -20,7 +20,7 @@ static int mlp_build(dg_params *ps) {
 }
 
 /* Returns DG_OK and the loss, or an error code (detail in dg_errmsg). */
-static int mlp_step(dg_ctx *ctx, dg_params *ps, float *x, int64_t *y, int B, float *loss) {
+static inline int mlp_step(dg_ctx *ctx, dg_params *ps, float *x, int64_t *y, int B, float *loss) {
   int64_t xs[2] = {B, 20}, ys[1] = {B};
   dg_params_zero_grad(ps);
   dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, xs, x);
@@ -39,7 +39,7 @@ static int mlp_step(dg_ctx *ctx, dg_params *ps, float *x, int64_t *y, int B, flo
   return DG_OK;
 }
 
-static void mlp_data(float *x, int64_t *y, int B) {
+static inline void mlp_data(float *x, int64_t *y, int B) {
   dg_rng_uniform(9, 0, x, (size_t)B * 20);
   for (int i = 0; i < B; i++) y[i] = i % 10;
 }
