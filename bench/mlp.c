@@ -1,11 +1,13 @@
 /* MLP training-step benchmark: 784-512-256-10, ReLU, cross-entropy, plain SGD.
  *
- * One step = zero_grad (one memset) + forward + backward + SGD update (one loop
- * over the flat parameter buffer) + dg_ctx_reset. Data are synthetic: a fixed
- * random batch and fixed random labels. bench/mlp_torch.py does the same work
- * in PyTorch.
+ * One step = zero_grad (lazy) + forward + backward + SGD update (dgrad's SGD,
+ * by default fused into backward: each parameter is updated the moment its
+ * gradient is final; --separate-step runs dg_optim_step after backward
+ * instead) + dg_ctx_reset. Data are synthetic: a fixed random batch and fixed
+ * random labels. bench/mlp_torch.py does the same work in PyTorch.
  *
  *   mlp [--batch N] [--threads T] [--steps S] [--warmup W] [--max-seconds X]
+ *       [--separate-step]
  *
  * --max-seconds stops the timed loop early once X seconds have passed (the
  * line then reports the steps actually run), so that a run on a loaded
@@ -45,6 +47,7 @@ static const int64_t k_dims[NLAYERS + 1] = {784, 512, 256, 10};
 typedef struct {
   dg_params *ps;
   dg_optim *opt;         /* torch.optim.SGD(lr): dgrad's SGD over the flat buffer */
+  int fused;             /* the SGD step runs inside backward */
   dg_tensor *w[NLAYERS]; /* (out, in) */
   dg_tensor *b[NLAYERS]; /* (out) */
 } mlp;
@@ -97,7 +100,7 @@ static float step(dg_ctx *ctx, mlp *m, float *x, int64_t *y, int64_t B, float lr
   }
   float lv = dg_tensor_item(loss);
   (void)lr; /* set on the optimizer */
-  if (dg_optim_step(m->opt)) return NAN;
+  if (!m->fused && dg_optim_step(m->opt)) return NAN;
   dg_ctx_reset(ctx);
   return lv;
 }
@@ -133,15 +136,18 @@ static long arg_long(int argc, char **argv, int *i) {
 
 int main(int argc, char **argv) {
   long batch = 64, threads = 1, steps = 200, warmup = 20, max_s = 0;
+  int separate = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i);
     else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i);
     else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i);
     else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i);
     else if (!strcmp(argv[i], "--max-seconds")) max_s = arg_long(argc, argv, &i);
+    else if (!strcmp(argv[i], "--separate-step")) separate = 1;
     else {
       fprintf(stderr,
-              "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W] [--max-seconds X]\n",
+              "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W] [--max-seconds X]"
+              " [--separate-step]\n",
               argv[0]);
       return 2;
     }
@@ -158,6 +164,8 @@ int main(int argc, char **argv) {
   dg_ctx *ctx = NULL;
   int rc = mlp_init(&m);
   if (!rc) rc = dg_ctx_new(&ctx, NULL);
+  if (!rc && !separate) rc = dg_optim_fuse_backward(m.opt, ctx);
+  m.fused = !separate;
   float *x = malloc((size_t)batch * (size_t)k_dims[0] * sizeof *x);
   int64_t *y = malloc((size_t)batch * sizeof *y);
   if (rc || !x || !y) {
@@ -195,10 +203,10 @@ int main(int argc, char **argv) {
 
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  printf("{\"impl\":\"dgrad\",\"batch\":%ld,\"threads\":%ld,\"steps\":%ld,"
+  printf("{\"impl\":\"dgrad\",\"step\":\"%s\",\"batch\":%ld,\"threads\":%ld,\"steps\":%ld,"
          "\"steps_per_s\":%.2f,\"cpu_ms_per_step\":%.4f,\"peak_rss_mib\":%.1f,\"heap_allocs_per_step\":%.3g,"
          "\"heap_frees_per_step\":%.3g,\"loss\":%.5f}\n",
-         batch, threads, steps, (double)steps / dt, 1e3 * dc / (double)steps,
+         m.fused ? "fused" : "separate", batch, threads, steps, (double)steps / dt, 1e3 * dc / (double)steps,
          (double)ru.ru_maxrss / 1024.0,
          (double)(a1 - a0) / (double)steps, (double)(f1 - f0) / (double)steps, (double)loss);
   fflush(stdout);
