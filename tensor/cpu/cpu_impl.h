@@ -101,15 +101,13 @@ DG_INLINE int32_t dg__f_to_bits(float f) {
  * exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6
  * polynomial, ~1 ulp). Below -87.3 it saturates at FLT_MIN, far under the
  * precision of 1 + e where the callers use it. */
-DG_INLINE float dg__exp_nonpos(float x) {
+DG_INLINE float dg__exp_poly(float x) {
+  /* x in [-87.3, 88]: 2^n stays a normal float */
   const float magic = 12582912.0f;
-  /* sign bit forced: +0 reads as -0 (x - max is +0 at the max) */
-  int32_t xb = dg__f_to_bits(x) | INT32_MIN, lb = dg__f_to_bits(-87.3365447504f);
-  float xc = dg__bits_to_f(xb < lb ? xb : lb); /* for x <= 0 a larger int is a smaller |x| */
-  float t = xc * 1.44269504088896341f + magic;
+  float t = x * 1.44269504088896341f + magic;
   int32_t n = dg__f_to_bits(t) - dg__f_to_bits(magic);
   float fn = t - magic;
-  float r = xc - fn * 0.693359375f;
+  float r = x - fn * 0.693359375f;
   r = r - fn * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -119,6 +117,13 @@ DG_INLINE float dg__exp_nonpos(float x) {
   p = p * r + 5.0000001201e-1f;
   float y = p * r * r + r + 1.0f;
   return y * dg__bits_to_f((n + 127) * (1 << 23));
+}
+
+DG_INLINE float dg__exp_nonpos(float x) {
+  /* sign bit forced: +0 reads as -0 (x - max is +0 at the max) */
+  int32_t xb = dg__f_to_bits(x) | INT32_MIN, lb = dg__f_to_bits(-87.3365447504f);
+  float xc = dg__bits_to_f(xb < lb ? xb : lb); /* for x <= 0 a larger int is a smaller |x| */
+  return dg__exp_poly(xc);
 }
 
 #endif

@@ -50,23 +50,8 @@ DG_INLINE float fast_sigmoidf(float x) {
 }
 
 /* exp(x) for x in [-87.3, 88]: exp_nonpos's reduction and polynomial,
- * without the clamp (2^n stays a normal float there). */
-DG_INLINE float exp_mid(float x) {
-  const float magic = 12582912.0f;
-  float t = x * 1.44269504088896341f + magic;
-  int32_t n = dg__f_to_bits(t) - dg__f_to_bits(magic);
-  float fn = t - magic;
-  float r = x - fn * 0.693359375f;
-  r = r - fn * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
-  return y * dg__bits_to_f((n + 127) * (1 << 23));
-}
+ * without the clamp. */
+DG_INLINE float exp_mid(float x) { return dg__exp_poly(x); }
 
 /* ---- ISA selection (declared in cpu_impl.h) ---- */
 
