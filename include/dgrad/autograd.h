@@ -3,7 +3,9 @@
  * Ops record a node on the context's tape when grad mode is on and an input
  * requires grad. dg_backward walks the tape in reverse and accumulates (+=)
  * into parameter gradients, so micro-batch accumulation is the default; call
- * dg_params_zero_grad between optimizer steps. Backward consumes the tape.
+ * dg_params_zero_grad between optimizer steps. Backward consumes the tape and
+ * releases the gradients of intermediate results as it goes (leaves keep
+ * theirs).
  *
  * Hooks run on the thread that calls dg_backward. */
 #ifndef DGRAD_AUTOGRAD_H

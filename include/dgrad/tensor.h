@@ -112,7 +112,10 @@ void *dg_tensor_data(const dg_tensor *t); /* first element */
 float dg_tensor_item(const dg_tensor *t);
 /* Element at flat logical index i (follows strides), as double. */
 double dg_tensor_get(const dg_tensor *t, int64_t i);
-/* Gradient after dg_backward, or NULL. Same shape, contiguous, f32. */
+/* Gradient after dg_backward, or NULL. Same shape, contiguous, f32. Leaves
+ * (parameters, inputs marked requires-grad) keep theirs; an intermediate
+ * result's gradient is released during backward once its node has run (its
+ * buffer is reused), as torch does for non-leaf tensors. */
 dg_tensor *dg_tensor_grad(const dg_tensor *t);
 void dg_tensor_set_requires_grad(dg_tensor *t, int on);
 int dg_tensor_requires_grad(const dg_tensor *t);
@@ -143,7 +146,10 @@ size_t dg_params_offset(const dg_params *ps, int i);
  * always zero). */
 float *dg_params_data(dg_params *ps, size_t *n);
 float *dg_params_grad(dg_params *ps, size_t *n);
-/* One memset. */
+/* O(parameters), no memset: every gradient is marked stale, backward's first
+ * write overwrites it, and dg_params_grad / dg_tensor_grad zero any segment
+ * still stale before returning it. So read gradients through those calls
+ * after zero_grad, not through a pointer kept from before. */
 void dg_params_zero_grad(dg_params *ps);
 /* Freeze / unfreeze a parameter (no gradient, skipped by optimizers). */
 void dg_params_set_trainable(dg_params *ps, int i, int on);
