@@ -28,6 +28,7 @@
 #include <dgrad.h>
 
 #include "alloc_count.h"
+#include "bench_util.h"
 
 
 /* ---- model ---- */
@@ -77,25 +78,7 @@ static float step(dg_ctx *ctx, dg_module *net, dg_params *ps, dg_optim *opt, flo
 
 /* ---- driver ---- */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static long arg_long(int argc, char **argv, int *i) {
-  if (*i + 1 >= argc) {
-    fprintf(stderr, "cnn: %s needs a value\n", argv[*i]);
-    exit(2);
-  }
-  char *end;
-  long v = strtol(argv[++*i], &end, 10);
-  if (*end || v < 0) {
-    fprintf(stderr, "cnn: bad value for %s: %s\n", argv[*i - 1], argv[*i]);
-    exit(2);
-  }
-  return v;
-}
 
 static void synth_batch(float *x, int64_t *y, long batch) {
   dg_rng_normal(42, 0, x, (size_t)batch * 784);
@@ -110,10 +93,10 @@ static void synth_batch(float *x, int64_t *y, long batch) {
 int main(int argc, char **argv) {
   long batch = 64, threads = 1, steps = 50, warmup = 5;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i);
+    if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i, 0);
+    else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i, 0);
+    else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i, 0);
+    else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i, 0);
     else {
       fprintf(stderr, "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W]\n", argv[0]);
       return 2;

@@ -32,38 +32,15 @@
 #include <dgrad.h>
 
 #include "alloc_count.h"
+#include "bench_util.h"
 
 #include "gpt_model.h"
 
 
 /* ---- driver ---- */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-/* CPU seconds of the whole process (all threads, user + system). */
-static double cpu_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static long arg_long(int argc, char **argv, int *i) {
-  if (*i + 1 >= argc) {
-    fprintf(stderr, "gpt: %s needs a value\n", argv[*i]);
-    exit(2);
-  }
-  char *end;
-  long v = strtol(argv[++*i], &end, 10);
-  if (*end || v < 1) {
-    fprintf(stderr, "gpt: bad value for %s: %s\n", argv[*i - 1], argv[*i]);
-    exit(2);
-  }
-  return v;
-}
 
 /* One step; returns the loss or NAN (message printed). x, y (B, T) i64. */
 static float step(dg_ctx *ctx, gpt_model *m, dg_optim *opt, int64_t *x, int64_t *y, int64_t B,
@@ -84,15 +61,15 @@ int main(int argc, char **argv) {
   long batch = 16, threads = 1, steps = 50, warmup = 5;
   long layers = 4, dim = 128, heads = 4, context = 64, vocab = 114;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--layers")) layers = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--dim")) dim = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--heads")) heads = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--context")) context = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--vocab")) vocab = arg_long(argc, argv, &i);
+    if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i, 1);
+    else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i, 1);
+    else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i, 1);
+    else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i, 1);
+    else if (!strcmp(argv[i], "--layers")) layers = arg_long(argc, argv, &i, 1);
+    else if (!strcmp(argv[i], "--dim")) dim = arg_long(argc, argv, &i, 1);
+    else if (!strcmp(argv[i], "--heads")) heads = arg_long(argc, argv, &i, 1);
+    else if (!strcmp(argv[i], "--context")) context = arg_long(argc, argv, &i, 1);
+    else if (!strcmp(argv[i], "--vocab")) vocab = arg_long(argc, argv, &i, 1);
     else {
       fprintf(stderr,
               "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W] [--layers L]\n"

@@ -37,6 +37,7 @@
 #include <dgrad.h>
 
 #include "alloc_count.h"
+#include "bench_util.h"
 
 
 /* ---- model ---- */
@@ -107,42 +108,18 @@ static float step(dg_ctx *ctx, mlp *m, float *x, int64_t *y, int64_t B, float lr
 
 /* ---- driver ---- */
 
-static double cpu_s(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
-         (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
-}
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static long arg_long(int argc, char **argv, int *i) {
-  if (*i + 1 >= argc) {
-    fprintf(stderr, "mlp: %s needs a value\n", argv[*i]);
-    exit(2);
-  }
-  char *end;
-  long v = strtol(argv[++*i], &end, 10);
-  if (*end || v < 0) {
-    fprintf(stderr, "mlp: bad value for %s: %s\n", argv[*i - 1], argv[*i]);
-    exit(2);
-  }
-  return v;
-}
 
 int main(int argc, char **argv) {
   long batch = 64, threads = 1, steps = 200, warmup = 20, max_s = 0;
   int separate = 0;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i);
-    else if (!strcmp(argv[i], "--max-seconds")) max_s = arg_long(argc, argv, &i);
+    if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i, 0);
+    else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i, 0);
+    else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i, 0);
+    else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i, 0);
+    else if (!strcmp(argv[i], "--max-seconds")) max_s = arg_long(argc, argv, &i, 0);
     else if (!strcmp(argv[i], "--separate-step")) separate = 1;
     else {
       fprintf(stderr,
