@@ -21,8 +21,9 @@ import json
 import math
 import os
 import resource
-import sys
 import time
+
+from torch_setup import add_thread_args, import_torch
 
 
 def build(torch, nn, V, L, H, C, T):
@@ -92,24 +93,9 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=114)
-    ap.add_argument("--blas-threads", type=int, default=-1,
-                    help="OpenBLAS threads (-1: same as --threads; 0: OpenBLAS default)")
+    add_thread_args(ap)
     a = ap.parse_args()
-    blas = a.threads if a.blas_threads < 0 else a.blas_threads
-    if blas > 0:
-        os.environ["OPENBLAS_NUM_THREADS"] = str(blas)  # read when OpenBLAS loads
-    else:
-        os.environ.pop("OPENBLAS_NUM_THREADS", None)
-    try:
-        import torch
-        import torch.nn as nn
-    except ImportError:
-        sys.stderr.write("gpt_torch.py: torch not found; run with /usr/bin/python3 "
-                         "(apt-get install python3-torch)\n")
-        sys.exit(77)
-
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(1234)
+    torch, nn, blas = import_torch(a, "gpt_torch.py")
     model = build(torch, nn, a.vocab, a.layers, a.heads, a.dim, a.context)
     opt = torch.optim.AdamW(model.parameters())
     g = torch.Generator().manual_seed(42)
@@ -141,7 +127,7 @@ def main():
         "cpu_ms_per_step": round(1e3 * cpu / a.steps, 2),
         "peak_rss_mib": round(rss, 1), "heap_allocs_per_step": None,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
-        "blas_threads": blas if blas > 0 else "default",
+        "blas_threads": blas,
         "loss": round(float(loss), 5),
     }), flush=True)
 

@@ -27,8 +27,9 @@ import argparse
 import json
 import os
 import resource
-import sys
 import time
+
+from torch_setup import add_thread_args, import_torch
 
 
 def main():
@@ -38,24 +39,9 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--max-seconds", type=float, default=0)
-    ap.add_argument("--blas-threads", type=int, default=-1,
-                    help="OpenBLAS threads (-1: same as --threads; 0: OpenBLAS default)")
+    add_thread_args(ap)
     a = ap.parse_args()
-    blas = a.threads if a.blas_threads < 0 else a.blas_threads
-    if blas > 0:
-        os.environ["OPENBLAS_NUM_THREADS"] = str(blas)  # read when OpenBLAS loads
-    else:
-        os.environ.pop("OPENBLAS_NUM_THREADS", None)
-    try:
-        import torch
-        import torch.nn as nn
-    except ImportError:
-        sys.stderr.write("mlp_torch.py: torch not found; run with /usr/bin/python3 "
-                         "(apt-get install python3-torch)\n")
-        sys.exit(77)
-
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(1234)
+    torch, nn, blas = import_torch(a, "mlp_torch.py")
     model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(),
                           nn.Linear(512, 256), nn.ReLU(),
                           nn.Linear(256, 10))
@@ -94,7 +80,7 @@ def main():
         "cpu_ms_per_step": round(1e3 * dc / done, 4), "peak_rss_mib": round(rss, 1),
         "heap_allocs_per_step": None,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
-        "blas_threads": blas if blas > 0 else "default",
+        "blas_threads": blas,
         "loss": round(float(loss), 5),
     }), flush=True)
 
