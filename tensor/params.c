@@ -53,7 +53,11 @@ static int grow_arrays(dg_params *ps) {
   return DG_OK;
 }
 
-/* Moves both flat buffers to a larger allocation and re-points the views. */
+/* Moves both flat buffers to a larger allocation and re-points the views.
+ * Only the used prefix is copied and nothing beyond it is touched (add_param
+ * zeroes each new segment), so the spare capacity costs no resident memory;
+ * the old buffers go back to the system, not to the cache: their sizes are
+ * one-offs that would otherwise stay resident. */
 static int grow_flat(dg_params *ps, size_t total) {
   float *d = dg__dev_alloc(DG_CPU, total * sizeof(float));
   float *g = dg__dev_alloc(DG_CPU, total * sizeof(float));
@@ -62,13 +66,11 @@ static int grow_flat(dg_params *ps, size_t total) {
     dg__dev_free(DG_CPU, g, total * sizeof(float));
     return DG_ENOMEM;
   }
-  memset(d, 0, total * sizeof(float));
-  memset(g, 0, total * sizeof(float));
   if (ps->data) {
-    memcpy(d, ps->data, ps->total * sizeof(float));
-    memcpy(g, ps->grad, ps->total * sizeof(float));
-    dg__dev_free(DG_CPU, ps->data, ps->total * sizeof(float));
-    dg__dev_free(DG_CPU, ps->grad, ps->total * sizeof(float));
+    memcpy(d, ps->data, ps->used_total * sizeof(float));
+    memcpy(g, ps->grad, ps->used_total * sizeof(float));
+    dg__dev_release(DG_CPU, ps->data, ps->total * sizeof(float));
+    dg__dev_release(DG_CPU, ps->grad, ps->total * sizeof(float));
   }
   ps->data = d;
   ps->grad = g;
@@ -136,6 +138,9 @@ int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shap
       goto nomem;
     }
   }
+  /* the new segment and its alignment padding start zeroed */
+  memset(ps->data + ps->used_total, 0, (need - ps->used_total) * sizeof(float));
+  memset(ps->grad + ps->used_total, 0, (need - ps->used_total) * sizeof(float));
   t->data = ps->data + off;
   g->data = ps->grad + off;
   /* total counts the used prefix; keep the capacity separate by padding */
