@@ -8,6 +8,7 @@
  *   blocks) -> "done" (nobody still reads my buffer when I return). */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -38,26 +39,30 @@ static int read_peer(pid_t pid, void *dst, uint64_t src, size_t n) {
 int dg__cma_setup(dg_pg *pg, const uint64_t *probe, const char *const *hosts) {
   char me[256] = "";
   gethostname(me, sizeof me - 1);
-  int32_t ok = 1;
-  for (int p = 0; p < pg->size && ok; p++) {
+  /* ok[0]: cross-memory attach works both ways; ok[1]: all on this host */
+  int32_t ok[2] = {1, 1};
+  for (int p = 0; p < pg->size && ok[1]; p++) {
     if (p == pg->rank) continue;
     uint64_t v = 0;
-    if (!hosts[p] || strcmp(hosts[p], me) || pg->pids[p] <= 0 ||
-        read_peer(pg->pids[p], &v, probe[p], 8) < 0 || v != cma_magic)
-      ok = 0;
+    if (!hosts[p] || strcmp(hosts[p], me) || pg->pids[p] <= 0) ok[0] = ok[1] = 0;
+    else if (read_peer(pg->pids[p], &v, probe[p], 8) < 0 || v != cma_magic) ok[0] = 0;
   }
+  const char *env = getenv("DG_SHM"); /* "0": no shared-memory segment */
+  if (env && !strcmp(env, "0")) ok[1] = 0;
   /* Agree (every rank must choose the same algorithms): MIN over ranks, on
    * a slot outside ProcessGroupGloo's prefixes. */
   dg_work w = {.pg = pg, .kind = DG_W_ALLREDUCE};
   dg_coll c = {.pg = pg, .w = &w, .x = pg->x, .rank = pg->rank, .size = pg->size,
                .slot = (uint64_t)9 << 56, .deadline = dg__deadline(0, pg->timeout_ms),
                .eager = 1};
-  int rc = pg->size > 1 ? dg__allreduce_rd(&c, &ok, 1, DG_I32, DG_RED_MIN) : DG_OK;
+  int rc = pg->size > 1 ? dg__allreduce_rd(&c, ok, 2, DG_I32, DG_RED_MIN) : DG_OK;
+  if (rc == DG_OK && pg->size > 1 && ok[1])
+    rc = dg__shm_setup(pg, &c);
   if (rc != DG_OK) {
     snprintf(pg->err, sizeof pg->err, "%s", w.err);
     return rc;
   }
-  pg->cma = ok && pg->size > 1;
+  pg->cma = ok[0] && pg->size > 1;
   DG_LOGI("dist: rank %d: cross-memory attach between ranks %s", pg->rank,
           pg->cma ? "on" : "off");
   return DG_OK;

@@ -55,25 +55,27 @@ void dg__reduce(void *dst, const void *src, size_t n, dg_dtype dt, dg_redop op) 
   }
 }
 
+#define DIV_LOOP(T, by)                           \
+  do {                                            \
+    T *b_ = buf;                                  \
+    for (size_t i = 0; i < n; i++) b_[i] /= (by); \
+  } while (0)
+
+/* Type switch outside the loops so that they vectorise. */
 void dg__scale_div(void *buf, size_t n, dg_dtype dt, int by) {
   if (by == 1) return;
-  for (size_t i = 0; i < n; i++) {
-    switch (dt) {
-      case DG_F32: ((float *)buf)[i] /= (float)by; break;
-      case DG_F64: ((double *)buf)[i] /= by; break;
-      case DG_I32: ((int32_t *)buf)[i] /= by; break;
-      case DG_I64: ((int64_t *)buf)[i] /= by; break;
-      case DG_F16: {
-        uint16_t *h = buf;
-        h[i] = dg_f32_to_f16(dg_f16_to_f32(h[i]) / (float)by);
-        break;
-      }
-      case DG_BF16: {
-        uint16_t *h = buf;
-        h[i] = dg_f32_to_bf16(dg_bf16_to_f32(h[i]) / (float)by);
-        break;
-      }
-      default: DG_ASSERT(!"bad dtype");
-    }
+  uint16_t *h = buf;
+  switch (dt) {
+    case DG_F32: DIV_LOOP(float, (float)by); break;
+    case DG_F64: DIV_LOOP(double, (double)by); break;
+    case DG_I32: DIV_LOOP(int32_t, by); break;
+    case DG_I64: DIV_LOOP(int64_t, by); break;
+    case DG_F16:
+      for (size_t i = 0; i < n; i++) h[i] = dg_f32_to_f16(dg_f16_to_f32(h[i]) / (float)by);
+      break;
+    case DG_BF16:
+      for (size_t i = 0; i < n; i++) h[i] = dg_f32_to_bf16(dg_bf16_to_f32(h[i]) / (float)by);
+      break;
+    default: DG_ASSERT(!"bad dtype");
   }
 }

@@ -263,6 +263,7 @@ static void pg_destroy(dg_pg *pg) {
   dg__free(pg->tmp);
   dg__pg_free_works(pg);
   dg__free(pg->pids);
+  dg__shm_free(pg->shm);
   dg_store_free(pg->s_dev);
   dg_store_free(pg->s_grp);
   dg_store_free(pg->s_pg);
@@ -382,9 +383,10 @@ const char *dg_pg_errmsg(const dg_pg *pg) {
 }
 
 int dg_pg_set_algo(dg_pg *pg, dg_algo algo) {
-  if (!pg || algo < DG_ALGO_AUTO || algo > DG_ALGO_CMA) return DG_EINVAL;
+  if (!pg || algo < DG_ALGO_AUTO || algo > DG_ALGO_SHM) return DG_EINVAL;
   if (!pg->all_dgrad && algo != DG_ALGO_AUTO && algo != DG_ALGO_RING) return DG_EUNSUPPORTED;
   if (algo == DG_ALGO_CMA && !pg->cma) return DG_EUNSUPPORTED;
+  if (algo == DG_ALGO_SHM && !pg->shm) return DG_EUNSUPPORTED;
   pthread_mutex_lock(&pg->mu);
   pg->algo = algo;
   pthread_mutex_unlock(&pg->mu);

@@ -7,6 +7,8 @@
 #include "dgrad/dist.h"
 #include "dist/transport/transport_impl.h"
 
+typedef struct dg__shm dg__shm;
+
 typedef enum {
   DG_W_ALLREDUCE,
   DG_W_BROADCAST,
@@ -54,6 +56,7 @@ struct dg_pg {
   dg_store *k_grp, *k_dev;        /* where group / Gloo keys go (may be the base) */
   int torch_rdzv;
   int cma;   /* every rank on this host and process_vm_readv works both ways */
+  dg__shm *shm; /* segment shared by every rank (all on this host), or NULL */
   int *pids; /* (size) process ids of dgrad peers */
   dg_xport *x;
   pthread_mutex_t mu;
@@ -61,6 +64,8 @@ struct dg_pg {
   dg_work *qhead, *qtail;
   int stop;
   int busy; /* a collective is running (worker or a waiting caller) */
+  int nwaiting; /* callers blocked in dg_work_wait (atomic): their cores are
+                   free, so a collective may spin rather than sleep */
   void *scratch; /* grow-only, used by the running collective only */
   size_t scratch_cap;
   void *tmp; /* grow-only, the running collective's op arrays */
@@ -101,9 +106,12 @@ const char *dg__work_name(const dg_work *w);
 int dg__coll_send(dg_coll *c, dg_xop *op, int peer, const void *buf, size_t n);
 int dg__coll_recv(dg_coll *c, dg_xop *op, int peer, void *buf, size_t n);
 int dg__coll_wait(dg_coll *c, dg_xop *op);
-/* Fails the work with a transport-level error. */
+/* Fails the work with a transport-level error (_peer: blaming that rank,
+ * whom the transport then names to the other ranks). */
 int dg__coll_fail(dg_coll *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+int dg__coll_fail_peer(dg_coll *c, int code, int peer, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* coll_reduce.c: dst[i] = dst[i] (op) src[i] for n elements; AVG sums. */
 void dg__reduce(void *dst, const void *src, size_t n, dg_dtype dt, dg_redop op);
@@ -122,6 +130,12 @@ int dg__allreduce_direct(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_re
 int dg__allreduce_cma(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
 /* Agrees on cross-memory attach at init (every rank probed every peer). */
 int dg__cma_setup(dg_pg *pg, const uint64_t *probe_addr, const char *const *hosts);
+/* coll_shm.c: allreduce through a segment shared by all ranks on a host. */
+int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
+/* Creates/maps the segment (collective); pg->shm stays NULL when any rank
+ * cannot. Returns a transport error only. */
+int dg__shm_setup(dg_pg *pg, dg_coll *c);
+void dg__shm_free(dg__shm *s);
 int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_dtype dt,
                        dg_redop op);
 

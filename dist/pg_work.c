@@ -51,6 +51,15 @@ int dg__coll_fail(dg_coll *c, int code, const char *fmt, ...) {
   return work_fail(c->w, c->x, code, -1, d);
 }
 
+int dg__coll_fail_peer(dg_coll *c, int code, int peer, const char *fmt, ...) {
+  char d[384];
+  va_list ap;
+  va_start(ap, fmt);
+  dg__vfmt(d, sizeof d, fmt, ap);
+  va_end(ap);
+  return work_fail(c->w, c->x, code, peer, d);
+}
+
 void *dg__coll_scratch(dg_coll *c, size_t bytes) {
   dg_pg *pg = c->pg;
   if (bytes > pg->scratch_cap) {
@@ -112,18 +121,20 @@ static int run_allreduce(dg_coll *c, dg_work *w) {
   /* Over TCP alone, Gloo's ring (two segments in flight) beats moving all
    * blocks at once on loopback; across hosts DIRECT can be forced. */
   if (a == DG_ALGO_AUTO)
-    a = bytes <= SMALL_BYTES ? DG_ALGO_HALVING_DOUBLING
-        : c->pg->cma        ? DG_ALGO_CMA
-                            : DG_ALGO_RING;
+    a = c->pg->shm           ? DG_ALGO_SHM
+        : bytes <= SMALL_BYTES ? DG_ALGO_HALVING_DOUBLING
+        : c->pg->cma           ? DG_ALGO_CMA
+                               : DG_ALGO_RING;
   c->slot = slot_of(DG_SLOT_ALLREDUCE, w->tag);
   c->eager = a != DG_ALGO_RING;
   int rc;
   if (c->size == 1 || w->count == 0) rc = DG_OK;
   else if (a == DG_ALGO_RING) rc = dg__gloo_allreduce_ring(c, w->buf, w->count, w->dt, w->op);
   else if (a == DG_ALGO_HALVING_DOUBLING) rc = dg__allreduce_rd(c, w->buf, w->count, w->dt, w->op);
+  else if (a == DG_ALGO_SHM && c->pg->shm) rc = dg__allreduce_shm(c, w->buf, w->count, w->dt, w->op);
   else if (a == DG_ALGO_CMA && c->pg->cma) rc = dg__allreduce_cma(c, w->buf, w->count, w->dt, w->op);
   else rc = dg__allreduce_direct(c, w->buf, w->count, w->dt, w->op);
-  if (rc == DG_OK && w->op == DG_RED_AVG) dg__scale_div(w->buf, w->count, w->dt, c->size);
+  if (rc == DG_OK && w->op == DG_RED_AVG && a != DG_ALGO_SHM) dg__scale_div(w->buf, w->count, w->dt, c->size);
   return rc;
 }
 
@@ -355,6 +366,7 @@ int dg_work_wait(dg_work *w, int timeout_ms) {
   if (w->kind == DG_W_SEND || w->kind == DG_W_RECV) return p2p_wait(w, until);
   dg_pg *pg = w->pg;
   if (__atomic_load_n(&w->status, __ATOMIC_ACQUIRE) != DG_XOP_PENDING) return w->status;
+  __atomic_add_fetch(&pg->nwaiting, 1, __ATOMIC_RELAXED);
   pthread_mutex_lock(&pg->mu);
   /* Next in line and nobody running: run it here, saving two thread
    * hand-offs (what small collectives mostly cost). */
@@ -373,6 +385,7 @@ int dg_work_wait(dg_work *w, int timeout_ms) {
   }
   int st = w->status;
   pthread_mutex_unlock(&pg->mu);
+  __atomic_sub_fetch(&pg->nwaiting, 1, __ATOMIC_RELAXED);
   return st == DG_XOP_PENDING ? DG_EAGAIN : st;
 }
 

@@ -21,6 +21,8 @@ static dg_algo parse_algo(const char *s) {
   if (!strcmp(s, "ring")) return DG_ALGO_RING;
   if (!strcmp(s, "rd")) return DG_ALGO_HALVING_DOUBLING;
   if (!strcmp(s, "direct")) return DG_ALGO_DIRECT;
+  if (!strcmp(s, "cma")) return DG_ALGO_CMA;
+  if (!strcmp(s, "shm")) return DG_ALGO_SHM;
   return DG_ALGO_AUTO;
 }
 

@@ -58,8 +58,10 @@ typedef enum {
   DG_ALGO_RING = 1,          /* Gloo's ring, message for message */
   DG_ALGO_HALVING_DOUBLING = 2, /* recursive doubling: small messages */
   DG_ALGO_DIRECT = 3,        /* reduce-scatter + allgather, all pairs at once */
-  DG_ALGO_CMA = 4            /* as DIRECT, reading peers' buffers in place with
+  DG_ALGO_CMA = 4,           /* as DIRECT, reading peers' buffers in place with
                                 cross-memory attach: ranks on one host only */
+  DG_ALGO_SHM = 5            /* through a shared-memory segment, no messages:
+                                ranks on one host only (the default there) */
 } dg_algo;
 
 /* Rendezvous key layout: torch 1.13's init_process_group (prefixes
@@ -111,7 +113,9 @@ int dg_pg_all_dgrad(const dg_pg *pg);
 const char *dg_pg_errmsg(const dg_pg *pg);
 /* Forces an allreduce algorithm (DG_ALGO_AUTO restores the default). Only
  * RING is valid in a group with non-dgrad ranks; CMA needs every rank on
- * this host with process_vm_readv allowed (DG_EUNSUPPORTED otherwise).
+ * this host with process_vm_readv allowed, SHM every rank on this host with
+ * a POSIX shared-memory segment (DG_EUNSUPPORTED otherwise). DG_SHM=0 in
+ * the environment at group creation turns the shared-memory path off.
  * Call it on every rank. */
 int dg_pg_set_algo(dg_pg *pg, dg_algo algo);
 

@@ -21,7 +21,7 @@ static int rank_main(int r, int W) {
   size_t n = 1000003;
   float *b = malloc(n * sizeof *b);
   dg_algo algos[] = {DG_ALGO_AUTO, DG_ALGO_RING, DG_ALGO_DIRECT, DG_ALGO_CMA,
-                     DG_ALGO_HALVING_DOUBLING};
+                     DG_ALGO_HALVING_DOUBLING, DG_ALGO_SHM};
   for (size_t a = 0; a < sizeof algos / sizeof *algos; a++) {
     if (dg_pg_set_algo(pg, algos[a]) != DG_OK) return 12;
     for (size_t i = 0; i < n; i++) b[i] = (float)(r + (int)(i % 5));

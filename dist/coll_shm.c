@@ -1,0 +1,261 @@
+/* Allreduce between dgrad ranks on one host through one shared-memory
+ * segment, no transport messages at all:
+ *
+ *   per chunk g (a counter every rank advances alike):
+ *     wait until every rank has finished reading slot g % NSLOT's last use
+ *     copy my chunk into my slot; publish posted = g + 1
+ *     wait for every peer's posted >= g + 1
+ *     reduce the peers' slots into my buffer (rank order); consumed = g + 1
+ *
+ * One copy in and one reducing read per byte; the slots are small enough to
+ * stay in cache, so main-memory traffic is that of a memcpy. Every rank
+ * reduces the whole buffer in the same operand order, so the bits agree.
+ * Waits spin briefly, then sleep on a futex of the shared word, in slices
+ * that check the deadline, the transport's error state and whether the
+ * peer process is still alive. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/pg_impl.h"
+#include "dist/transport/net_impl.h"
+#include "tensor/common_impl.h"
+
+#define SHM_CHUNK ((size_t)256 << 10) /* bytes per slot */
+#define SHM_NSLOT 4                   /* slots per rank (chunks in flight) */
+#define SPIN_NS 20000                 /* busy-wait before sleeping... */
+#define SPIN_WAITED_NS 2000000        /* ...or this long while a caller waits */
+#define SLICE_MS 5                    /* futex sleep between liveness checks */
+
+typedef struct {
+  uint64_t seq, count; /* the work's sequence number and element count */
+  uint32_t dt, op;
+} shm_desc;
+
+/* One rank's control words, each on its own cache line. */
+typedef struct {
+  uint32_t posted __attribute__((aligned(64)));
+  uint32_t consumed __attribute__((aligned(64)));
+  uint32_t sleepers __attribute__((aligned(64))); /* futex waiters on my words */
+  shm_desc desc[SHM_NSLOT] __attribute__((aligned(64)));
+} shm_ctl;
+
+struct dg__shm {
+  void *base;
+  size_t len;
+  int W;
+  shm_ctl *ctl;        /* (W) */
+  unsigned char *data; /* (W * SHM_NSLOT * SHM_CHUNK) */
+  uint32_t next;       /* next chunk number */
+};
+
+static size_t seg_len(int W) {
+  return (size_t)W * sizeof(shm_ctl) + (size_t)W * SHM_NSLOT * SHM_CHUNK;
+}
+
+static unsigned char *slot(dg__shm *s, int r, uint32_t g) {
+  return s->data + ((size_t)r * SHM_NSLOT + g % SHM_NSLOT) * SHM_CHUNK;
+}
+
+static int futex(uint32_t *w, int op, uint32_t v, const struct timespec *ts) {
+  return (int)syscall(SYS_futex, w, op, v, ts, NULL, 0);
+}
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/* Publishes *word = v and wakes sleepers of that rank's words. */
+static void publish(shm_ctl *me, uint32_t *word, uint32_t v) {
+  __atomic_store_n(word, v, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&me->sleepers, __ATOMIC_SEQ_CST))
+    futex(word, FUTEX_WAKE, INT32_MAX, NULL);
+}
+
+static int reached(const uint32_t *word, uint32_t v) {
+  return (int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - v) >= 0;
+}
+
+/* Waits until rank p's *word reaches v (modular); failures name p. */
+static int wait_word(dg_coll *c, int p, uint32_t *word, uint32_t v, const char *what) {
+  shm_ctl *pc = &c->pg->shm->ctl[p];
+  if (reached(word, v)) return DG_OK;
+  /* Spinning steals the core from this rank's compute thread unless that
+   * thread is blocked waiting for a collective; sleeping costs a wake-up
+   * (tens of us on a VM whose idle cores halt). */
+  int64_t t0 = dg__now_ns(), t;
+  while ((t = dg__now_ns() - t0) < SPIN_NS ||
+         (t < SPIN_WAITED_NS && __atomic_load_n(&c->pg->nwaiting, __ATOMIC_RELAXED) > 0)) {
+    for (int i = 0; i < 64; i++) cpu_relax();
+    if (reached(word, v)) return DG_OK;
+  }
+  for (;;) {
+    __atomic_add_fetch(&pc->sleepers, 1, __ATOMIC_SEQ_CST);
+    uint32_t cur = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+    if ((int32_t)(cur - v) < 0) {
+      struct timespec ts = {0, SLICE_MS * 1000000L};
+      futex(word, FUTEX_WAIT, cur, &ts);
+    }
+    __atomic_sub_fetch(&pc->sleepers, 1, __ATOMIC_SEQ_CST);
+    if (reached(word, v)) return DG_OK;
+    int e = c->x->vt->error(c->x, NULL, 0);
+    if (e != DG_OK)
+      return dg__coll_fail(c, e, "waiting for rank %d to %s: transport failed", p, what);
+    if (c->pg->cma && kill(c->pg->pids[p], 0) < 0 && errno == ESRCH)
+      return dg__coll_fail_peer(c, DG_EPEER, p, "rank %d (pid %d) exited while this rank waited for it "
+                           "to %s", p, c->pg->pids[p], what);
+    if (dg__now_ms() >= c->deadline)
+      return dg__coll_fail_peer(c, DG_ETIMEDOUT, p, "timed out after %d ms waiting for rank %d to %s "
+                           "(shared-memory allreduce)", c->pg->timeout_ms, p, what);
+  }
+}
+
+/* Every rank's call must be the same allreduce: compare descriptors. */
+static int check_desc(dg_coll *c, int p, uint32_t g) {
+  const shm_desc *m = &c->pg->shm->ctl[c->rank].desc[g % SHM_NSLOT];
+  const shm_desc *t = &c->pg->shm->ctl[p].desc[g % SHM_NSLOT];
+  if (m->count == t->count && m->dt == t->dt && m->op == t->op) return DG_OK;
+  return dg__coll_fail(c, DG_EMISMATCH, "rank %d reduces %llu elements of %s (op %u), rank %d "
+                       "%llu of %s (op %u): every rank must call the same allreduce", c->rank,
+                       (unsigned long long)m->count, dg_dtype_name((dg_dtype)m->dt), m->op, p,
+                       (unsigned long long)t->count, dg_dtype_name((dg_dtype)t->dt), t->op);
+}
+
+/* Posts chunk g (bytes [o, o + len) of buf) into my slot. */
+static int post_chunk(dg_coll *c, const unsigned char *src, size_t len, uint32_t g) {
+  dg__shm *s = c->pg->shm;
+  shm_ctl *me = &s->ctl[c->rank];
+  for (int p = 0; p < c->size; p++) { /* the slot's last readers must be done */
+    if (p == c->rank) continue; /* I reduce in order: always done */
+    int rc = wait_word(c, p, &s->ctl[p].consumed, g - SHM_NSLOT + 1, "free a buffer");
+    if (rc != DG_OK) return rc;
+  }
+  memcpy(slot(s, c->rank, g), src, len);
+  me->desc[g % SHM_NSLOT] = (shm_desc){c->w->seq, c->w->count, (uint32_t)c->w->dt,
+                                       (uint32_t)c->w->op};
+  publish(me, &me->posted, g + 1);
+  return DG_OK;
+}
+
+/* Reduces chunk g of every rank into dst (len bytes), operands in rank
+ * order; my own operand is already in dst. */
+static int reduce_chunk(dg_coll *c, unsigned char *dst, size_t len, uint32_t g, dg_dtype dt,
+                        dg_redop op) {
+  dg__shm *s = c->pg->shm;
+  size_t n = len / dg_dtype_size(dt);
+  for (int p = 0; p < c->size; p++) {
+    if (p == c->rank) continue;
+    int rc = wait_word(c, p, &s->ctl[p].posted, g + 1, "post its data");
+    if (rc == DG_OK) rc = check_desc(c, p, g);
+    if (rc != DG_OK) return rc;
+  }
+  /* ranks 0 and 1 reduce in place (a op b == b op a exactly); from rank 2
+   * on, start from rank 0's operand to keep the rank order. */
+  int r = c->rank;
+  if (r > 1) memcpy(dst, slot(s, 0, g), len);
+  for (int p = r > 1 ? 1 : 0; p < c->size; p++)
+    if (r > 1 || p != r) dg__reduce(dst, slot(s, p, g), n, dt, op);
+  if (op == DG_RED_AVG) dg__scale_div(dst, n, dt, c->size); /* while in cache */
+  publish(&s->ctl[r], &s->ctl[r].consumed, g + 1);
+  return DG_OK;
+}
+
+int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op) {
+  dg__shm *s = c->pg->shm;
+  size_t es = dg_dtype_size(dt), step = SHM_CHUNK / es * es, bytes = count * es;
+  unsigned char *b = buf;
+  /* One chunk ahead: post k + 1 before reducing k, so a peer finds it. */
+  uint32_t g0 = s->next;
+  size_t nchunk = (bytes + step - 1) / step;
+  int rc = post_chunk(c, b, DG_MIN(step, bytes), g0);
+  for (size_t k = 0; k < nchunk && rc == DG_OK; k++) {
+    size_t o = k * step, len = DG_MIN(step, bytes - o);
+    if (k + 1 < nchunk)
+      rc = post_chunk(c, b + o + step, DG_MIN(step, bytes - o - step), g0 + (uint32_t)k + 1);
+    if (rc == DG_OK) rc = reduce_chunk(c, b + o, len, g0 + (uint32_t)k, dt, op);
+  }
+  s->next = g0 + (uint32_t)nchunk;
+  return rc;
+}
+
+/* ---- set-up ---- */
+
+static dg__shm *map_seg(int fd, int W) {
+  size_t len = seg_len(W);
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return NULL;
+  dg__shm *s = dg__calloc(1, sizeof *s);
+  if (!s) {
+    munmap(p, len);
+    return NULL;
+  }
+  s->base = p;
+  s->len = len;
+  s->W = W;
+  s->ctl = p;
+  s->data = (unsigned char *)p + (size_t)W * sizeof(shm_ctl);
+  return s;
+}
+
+void dg__shm_free(dg__shm *s) {
+  if (!s) return;
+  munmap(s->base, s->len);
+  dg__free(s);
+}
+
+static void seg_name(char *out, size_t cap, int pid0, uint64_t nonce) {
+  snprintf(out, cap, "/dgrad-%d-%016llx", pid0, (unsigned long long)nonce);
+}
+
+/* Rank 0 creates the segment; its name travels as a MAX-allreduce of a
+ * nonce (0 = none); the others map it; a MIN-allreduce agrees; rank 0
+ * unlinks the name (nothing is left in /dev/shm once every rank mapped). */
+int dg__shm_setup(dg_pg *pg, dg_coll *c) {
+  int W = pg->size, fd = -1;
+  char name[64];
+  int64_t nonce = 0;
+  if (pg->rank == 0) {
+    static uint32_t counter;
+    nonce = (int64_t)((dg__now_ns() ^ ((uint64_t)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED)
+                                        << 40)) & INT64_MAX) | 1;
+    seg_name(name, sizeof name, getpid(), (uint64_t)nonce);
+    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 || ftruncate(fd, (off_t)seg_len(W)) < 0) {
+      DG_LOGI("dist: rank 0: no shared-memory segment (%s): %s", name, strerror(errno));
+      if (fd >= 0) {
+        close(fd);
+        shm_unlink(name);
+      }
+      fd = -1;
+      nonce = 0;
+    }
+  }
+  int rc = dg__allreduce_rd(c, &nonce, 1, DG_I64, DG_RED_MAX);
+  if (rc != DG_OK) goto out;
+  int32_t ok = nonce != 0;
+  if (ok && pg->rank != 0) {
+    seg_name(name, sizeof name, pg->pids[0], (uint64_t)nonce);
+    fd = shm_open(name, O_RDWR, 0600);
+  }
+  if (ok && fd >= 0) pg->shm = map_seg(fd, W);
+  ok = ok && pg->shm != NULL;
+  rc = dg__allreduce_rd(c, &ok, 1, DG_I32, DG_RED_MIN);
+out:
+  if (fd >= 0) close(fd);
+  if (pg->rank == 0 && nonce) shm_unlink(name);
+  if (rc != DG_OK || !ok) {
+    dg__shm_free(pg->shm);
+    pg->shm = NULL;
+  }
+  DG_LOGI("dist: rank %d: shared-memory allreduce %s", pg->rank, pg->shm ? "on" : "off");
+  return rc;
+}
