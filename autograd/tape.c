@@ -123,6 +123,22 @@ static void gpool_give(dg_ctx *ctx, dg_tensor *t) {
   t->grad = NULL;
 }
 
+void *dg__scratch_take(dg_ctx *ctx, size_t bytes) {
+  bytes = (bytes + DG_ALIGN - 1) & ~(size_t)(DG_ALIGN - 1);
+  void *p = gpool_take(ctx, bytes);
+  if (!p) p = dg__arena_alloc(&ctx->arena, bytes);
+  if (!p) dg__set_error(ctx, DG_ENOMEM, "out of memory for %zu bytes of scratch", bytes);
+  return p;
+}
+
+void dg__scratch_give(dg_ctx *ctx, void *p, size_t bytes) {
+  bytes = (bytes + DG_ALIGN - 1) & ~(size_t)(DG_ALIGN - 1);
+  int i = p ? gpool_slot(ctx, bytes, 1) : -1;
+  if (i < 0) return; /* too many sizes: left to the arena */
+  *(void **)p = ctx->gpool[i].head;
+  ctx->gpool[i].head = p;
+}
+
 /* A new f32 arena tensor of t's shape for t's gradient, from the pool when a
  * dead buffer of the same size is available. */
 static dg_tensor *grad_tensor_new(dg_ctx *ctx, const dg_tensor *t) {

@@ -102,8 +102,11 @@ static dg_tensor *block_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   dg_tensor *h = dg_module_forward(c[1], ctx, dg_module_forward(c[0], ctx, x));
   x = dg_add(ctx, x, h);
   h = dg_module_forward(c[2], ctx, x);
-  h = dg_gelu(ctx, dg_module_forward(c[3], ctx, h));
-  h = dg_module_forward(c[4], ctx, h);
+  dg_tensor *w1, *b1, *w2, *b2;
+  if (dg__linear_weights(c[3], &w1, &b1) && dg__linear_weights(c[4], &w2, &b2))
+    h = dg_mlp_gelu(ctx, h, w1, b1, w2, b2); /* keeps one (B, T, 4C) activation, not two */
+  else /* unbound: the modules report it */
+    h = dg_module_forward(c[4], ctx, dg_gelu(ctx, dg_module_forward(c[3], ctx, h)));
   if (b->dropout > 0 && m->train) h = dg_dropout(ctx, h, b->dropout);
   return dg_add(ctx, x, h);
 }

@@ -49,6 +49,13 @@ static int linear_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t
 
 static const dg_module_vtable linear_vt = {"Linear", linear_fwd, linear_bind, NULL};
 
+int dg__linear_weights(dg_module *m, dg_tensor **w, dg_tensor **b) {
+  if (!m || m->vt != &linear_vt || !((linear_m *)m)->w) return 0;
+  *w = ((linear_m *)m)->w;
+  *b = ((linear_m *)m)->b;
+  return 1;
+}
+
 int dg_nn_linear(dg_module **out, int64_t in, int64_t outf, int bias) {
   if (!out) return DG_EINVAL;
   *out = NULL;

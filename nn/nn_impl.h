@@ -23,5 +23,8 @@ dg_module *dg__module_alloc(size_t size, const dg_module_vtable *vt);
 int dg__child_push(dg_module *m, dg_module *c, const char *name);
 int dg__children_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t seed);
 void dg__children_free(dg_module *m);
+/* A bound Linear module's weight and bias (NULL without bias), for fused
+ * ops; 0 when m is not a bound Linear. */
+int dg__linear_weights(dg_module *m, dg_tensor **w, dg_tensor **b);
 
 #endif

@@ -65,7 +65,7 @@ void dg__arena_free(dg_arena *a);
 
 /* ---- autograd node ---- */
 
-#define DG_NODE_MAX_IN 4
+#define DG_NODE_MAX_IN 5
 #define DG_NODE_MAX_SAVED 4
 
 typedef struct dg_node dg_node;
@@ -193,6 +193,11 @@ float *dg__grad_buf(dg_ctx *ctx, dg_tensor *t);
  * cleared and *overwrite is set: the caller must then write (=) every
  * element instead of adding. */
 float *dg__grad_buf_w(dg_ctx *ctx, dg_tensor *t, int *overwrite);
+/* Step scratch: an arena block of `bytes`, from the pool of dead buffers of
+ * that size when there is one (NULL and ENOMEM on failure); give it back
+ * when done so later ops of the step (forward or backward) reuse it. */
+void *dg__scratch_take(dg_ctx *ctx, size_t bytes);
+void dg__scratch_give(dg_ctx *ctx, void *p, size_t bytes);
 /* Zeroes a parameter's stale gradient segment now (readers outside
  * backward). */
 void dg__param_grad_materialize(dg_tensor *t);

@@ -93,6 +93,16 @@ int dg_split(dg_ctx *ctx, dg_tensor *x, int dim, int n, const int64_t *sizes,
  * dg_matmul_t / dg_causal_mask / dg_softmax / dg_dropout for that). */
 dg_tensor *dg_attention(dg_ctx *ctx, dg_tensor *qkv, int heads, int causal, float scale);
 
+/* ---- fused MLP ---- */
+/* The transformer MLP, linear -> tanh GELU -> linear, as one op:
+ *   y = gelu(x w1^T + b1) w2^T + b2
+ * x (..., C), w1 (F, C), b1 (F) or NULL, w2 (O, F), b2 (O) or NULL
+ * -> y (..., O). Same result as dg_linear / dg_gelu / dg_linear, in less
+ * memory: saves x and the pre-activation (R, F) only; the GELU output
+ * lives in per-block scratch and backward recomputes it. */
+dg_tensor *dg_mlp_gelu(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1, dg_tensor *w2,
+                       dg_tensor *b2);
+
 #ifdef __cplusplus
 }
 #endif

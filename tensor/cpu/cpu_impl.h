@@ -2,6 +2,7 @@
 #ifndef DG_CPU_IMPL_H
 #define DG_CPU_IMPL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -12,6 +13,9 @@
  * the stored row lengths. */
 void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* db(O) (+)= column sums of dy(R, O); overwrite: store, do not add. */
+void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite);
 
 /* ---- runtime-dispatched SIMD for element-wise kernels ----
  *
@@ -124,6 +128,41 @@ DG_INLINE float dg__exp_nonpos(float x) {
   int32_t xb = dg__f_to_bits(x) | INT32_MIN, lb = dg__f_to_bits(-87.3365447504f);
   float xc = dg__bits_to_f(xb < lb ? xb : lb); /* for x <= 0 a larger int is a smaller |x| */
   return dg__exp_poly(xc);
+}
+
+/* tanh: Cephes' odd polynomial for |x| < 0.625, where (1 - e)/(1 + e)
+ * would lose relative precision; (1 - e)/(1 + e), e = exp(-2|x|), beyond.
+ * NaN propagates. */
+DG_INLINE float dg__tanhf(float x) {
+  float ax = fabsf(x);
+  int32_t near0 = -(int32_t)(ax < 0.625f); /* all ones near 0 */
+  float xs = dg__bits_to_f(dg__f_to_bits(x) & near0), s = xs * xs;
+  float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
+                  1.33314422036e-1f) * s - 3.33332819422e-1f) * s * xs + xs;
+  float e = dg__exp_nonpos(-2.0f * ax);
+  float big = copysignf((1.0f - e) / (1.0f + e), x);
+  int32_t nan = -(int32_t)(x != x);
+  int32_t rb = (dg__f_to_bits(small) & near0) | (dg__f_to_bits(big) & ~near0);
+  return dg__bits_to_f((rb & ~nan) | (dg__f_to_bits(x) & nan));
+}
+
+/* torch's approximate='tanh' constants: sqrt(2/pi) and 0.044715. */
+#define DG_GELU_BETA 0.7978845608028654f
+#define DG_GELU_KAPPA 0.044715f
+
+/* gelu(v), tanh form: 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))). */
+DG_INLINE float dg__gelu(float v) {
+  float inner = DG_GELU_BETA * (v + DG_GELU_KAPPA * v * v * v);
+  return 0.5f * v * (1.0f + dg__tanhf(inner));
+}
+
+/* d gelu(v) / dv, tanh form (torch's GeluBackward). */
+DG_INLINE float dg__gelu_grad(float v) {
+  float v2 = v * v;
+  float t = dg__tanhf(DG_GELU_BETA * (v + DG_GELU_KAPPA * v2 * v));
+  float left = 0.5f * (1.0f + t);
+  float right = 0.5f * v * (1.0f - t * t) * DG_GELU_BETA * (1.0f + 3.0f * DG_GELU_KAPPA * v2);
+  return left + right;
 }
 
 #endif

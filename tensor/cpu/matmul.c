@@ -208,6 +208,10 @@ DG_INLINE void colsum_body(float *restrict db, const float *restrict dy, int64_t
 DG_SIMD_FN(colsum, (float *db, const float *dy, int64_t R, int64_t O, int overwrite),
            (db, dy, R, O, overwrite))
 
+void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite) {
+  colsum(db, dy, R, O, overwrite);
+}
+
 /* y rows [lo, hi) = b: one row copied, then doubled (a few memcpy calls,
  * not one per row). */
 typedef struct {

@@ -23,22 +23,6 @@
 
 #include "tensor/cpu/cpu_impl.h"
 
-/* tanh: Cephes' odd polynomial for |x| < 0.625, where (1 - e)/(1 + e)
- * would lose relative precision; (1 - e)/(1 + e), e = exp(-2|x|), beyond.
- * NaN propagates. */
-DG_INLINE float fast_tanhf(float x) {
-  float ax = fabsf(x);
-  int32_t near0 = -(int32_t)(ax < 0.625f); /* all ones near 0 */
-  float xs = dg__bits_to_f(dg__f_to_bits(x) & near0), s = xs * xs;
-  float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
-                  1.33314422036e-1f) * s - 3.33332819422e-1f) * s * xs + xs;
-  float e = dg__exp_nonpos(-2.0f * ax);
-  float big = copysignf((1.0f - e) / (1.0f + e), x);
-  int32_t nan = -(int32_t)(x != x);
-  int32_t rb = (dg__f_to_bits(small) & near0) | (dg__f_to_bits(big) & ~near0);
-  return dg__bits_to_f((rb & ~nan) | (dg__f_to_bits(x) & nan));
-}
-
 /* sigmoid from e = exp(-|x|): 1/(1 + e) for x >= 0, e/(1 + e) below, with
  * no overflow anywhere. NaN propagates. */
 DG_INLINE float fast_sigmoidf(float x) {
@@ -88,19 +72,6 @@ void dg__simd_force(int isa) {
   __atomic_store_n(&g_isa, isa < 0 || isa > d ? d : isa, __ATOMIC_RELAXED);
 }
 
-/* torch's approximate='tanh' constants: sqrt(2/pi) and 0.044715. */
-#define GELU_BETA 0.7978845608028654f
-#define GELU_KAPPA 0.044715f
-
-/* d gelu(v) / dv, tanh form (torch's GeluBackward). */
-DG_INLINE float gelu_grad(float v) {
-  float v2 = v * v;
-  float t = fast_tanhf(GELU_BETA * (v + GELU_KAPPA * v2 * v));
-  float left = 0.5f * (1.0f + t);
-  float right = 0.5f * v * (1.0f - t * t) * GELU_BETA * (1.0f + 3.0f * GELU_KAPPA * v2);
-  return left + right;
-}
-
 typedef enum { U_RELU, U_GELU, U_TANH, U_SIGMOID, U_EXP, U_LOG } unary_kind;
 static const char *const unary_names[] = {"relu", "gelu", "tanh", "sigmoid", "exp", "log"};
 /* 1: backward uses the saved output; 0: the saved input. */
@@ -132,12 +103,11 @@ DG_INLINE void unary_fwd_body(unary_kind k, int64_t n, const float *restrict x,
       break;
     case U_GELU:
       for (int64_t i = 0; i < n; i++) {
-        float v = x[i], inner = GELU_BETA * (v + GELU_KAPPA * v * v * v);
-        y[i] = 0.5f * v * (1.0f + fast_tanhf(inner));
+        y[i] = dg__gelu(x[i]);
       }
       break;
     case U_TANH:
-      for (int64_t i = 0; i < n; i++) y[i] = fast_tanhf(x[i]);
+      for (int64_t i = 0; i < n; i++) y[i] = dg__tanhf(x[i]);
       break;
     case U_SIGMOID:
       for (int64_t i = 0; i < n; i++) y[i] = fast_sigmoidf(x[i]);
@@ -169,7 +139,7 @@ DG_INLINE void unary_bwd_body(unary_kind k, int acc, int64_t n, const float *res
       EW_STORE(acc, n, s[i] > 0.0f ? dy[i] : 0.0f);
       break;
     case U_GELU: /* torch's GeluBackward, tanh form */
-      EW_STORE(acc, n, dy[i] * gelu_grad(s[i]));
+      EW_STORE(acc, n, dy[i] * dg__gelu_grad(s[i]));
       break;
     case U_TANH:
       EW_STORE(acc, n, dy[i] * (1.0f - s[i] * s[i]));

@@ -1,0 +1,186 @@
+/* dg_mlp_gelu (fused linear -> GELU -> linear): finite-difference checks of
+ * backward for every input, with and without biases, one and several row
+ * blocks; equality with the unfused dg_linear / dg_gelu / dg_linear
+ * composition forward and backward on 1 and 2 threads (the blocked weight
+ * gradients accumulate across blocks); gradient accumulation into
+ * gradients written earlier; eval mode; errors. */
+#include "gradcheck.h"
+#include "test.h"
+
+typedef struct {
+  int64_t R, C, F, O;
+  int bias; /* 1: b1 and b2 */
+} mlp_case;
+
+/* in: x (R, C), w1 (F, C), w2 (O, F), [b1 (F), b2 (O)] */
+static dg_tensor *f_fused(dg_ctx *ctx, dg_tensor **in, void *u) {
+  mlp_case *c = u;
+  return dg_mlp_gelu(ctx, in[0], in[1], c->bias ? in[3] : NULL, in[2], c->bias ? in[4] : NULL);
+}
+
+static dg_tensor *f_unfused(dg_ctx *ctx, dg_tensor **in, void *u) {
+  mlp_case *c = u;
+  dg_tensor *h = dg_gelu(ctx, dg_linear(ctx, in[0], in[1], c->bias ? in[3] : NULL));
+  return dg_linear(ctx, h, in[2], c->bias ? in[4] : NULL);
+}
+
+/* The op twice on the same inputs: the second node adds to gradients the
+ * first wrote. */
+static dg_tensor *f_twice(dg_ctx *ctx, dg_tensor **in, void *u) {
+  return dg_add(ctx, f_fused(ctx, in, u), dg_scale(ctx, f_fused(ctx, in, u), 0.5f));
+}
+
+static int make_inputs(const mlp_case *c, dg_tensor **in, uint64_t seed) {
+  int64_t sx[2] = {c->R, c->C}, s1[2] = {c->F, c->C}, s2[2] = {c->O, c->F};
+  in[0] = gc_input(2, sx, -2.0f, 2.0f, seed);
+  in[1] = gc_input(2, s1, -1.0f, 1.0f, seed + 1);
+  in[2] = gc_input(2, s2, -1.0f, 1.0f, seed + 2);
+  in[3] = gc_input(1, &c->F, -1.0f, 1.0f, seed + 3);
+  in[4] = gc_input(1, &c->O, -1.0f, 1.0f, seed + 4);
+  return c->bias ? 5 : 3;
+}
+
+static void free_inputs(dg_tensor **in) {
+  for (int k = 0; k < 5; k++) dg_tensor_free(in[k]);
+}
+
+static void grad_fd(void) {
+  static const mlp_case cases[] = {
+      {1, 1, 1, 1, 1}, {3, 4, 8, 2, 1}, {5, 3, 6, 4, 0}, {7, 2, 16, 3, 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    mlp_case c = cases[i];
+    dg_tensor *in[5];
+    int nin = make_inputs(&c, in, 100 + 10 * i);
+    char nm[96];
+    snprintf(nm, sizeof nm, "mlp_gelu R=%lld C=%lld F=%lld O=%lld bias=%d", (long long)c.R,
+             (long long)c.C, (long long)c.F, (long long)c.O, c.bias);
+    CHECK_EQ_INT(gc_check(nm, f_fused, &c, nin, in, 1e-3, 1e-2), 0);
+    if (i == 1) CHECK_EQ_INT(gc_check("mlp_gelu twice, accumulated", f_twice, &c, nin, in, 1e-3,
+                                      1e-2), 0);
+    free_inputs(in);
+  }
+  /* several row blocks (F = 4096: 32 rows a block): x and b2 only, the
+   * weights' blocked accumulation is checked against the unfused path */
+  mlp_case c = {70, 2, 4096, 2, 1};
+  dg_tensor *in[5];
+  int nin = make_inputs(&c, in, 200);
+  for (int k = 1; k < 4; k++) dg_tensor_set_requires_grad(in[k], 0);
+  CHECK_EQ_INT(gc_check("mlp_gelu 3 row blocks (x, b2)", f_fused, &c, nin, in, 1e-3, 1e-2), 0);
+  free_inputs(in);
+}
+
+/* y and every input gradient of sum(f(in) * w), copied out. */
+static float *run(dg_ctx *ctx, gc_fn f, mlp_case *c, dg_tensor **in, int nin, const float *w,
+                  int64_t ny, int64_t *ntot) {
+  dg_ctx_reset(ctx);
+  for (int k = 0; k < nin; k++) {
+    dg_tensor *g = dg_tensor_grad(in[k]);
+    if (g) memset(dg_tensor_data(g), 0, (size_t)dg_tensor_numel(g) * sizeof(float));
+  }
+  dg_tensor *y = f(ctx, in, c);
+  REQUIRE(y);
+  dg_tensor *wt = dg_from_data(ctx, DG_F32, dg_tensor_ndim(y), dg_tensor_shape(y), w);
+  REQUIRE(wt && dg_backward_with(ctx, y, wt) == DG_OK);
+  int64_t n = ny;
+  for (int k = 0; k < nin; k++) n += dg_tensor_numel(in[k]);
+  float *out = malloc((size_t)n * sizeof *out), *p = out;
+  memcpy(p, dg_tensor_data(y), (size_t)ny * sizeof *p);
+  p += ny;
+  for (int k = 0; k < nin; k++) {
+    dg_tensor *g = dg_tensor_grad(in[k]);
+    REQUIRE(g);
+    memcpy(p, dg_tensor_data(g), (size_t)dg_tensor_numel(g) * sizeof *p);
+    p += dg_tensor_numel(g);
+  }
+  *ntot = n;
+  return out;
+}
+
+static void vs_unfused(int threads) {
+  static const mlp_case cases[] = {
+      {1024, 128, 512, 128, 1}, {300, 24, 1000, 7, 1}, {33, 5, 4096, 3, 0}, {1, 4, 16, 4, 1},
+  };
+  dg_set_num_threads(threads);
+  dg_ctx *ctx = NULL;
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    mlp_case c = cases[i];
+    dg_tensor *in[5];
+    int nin = make_inputs(&c, in, 300 + 10 * i);
+    int64_t ny = c.R * c.O, nf, nu;
+    float *w = malloc((size_t)ny * sizeof *w);
+    dg_rng_uniform(50 + i, 0, w, (size_t)ny);
+    for (int64_t e = 0; e < ny; e++) w[e] = 2 * w[e] - 1;
+    float *a = run(ctx, f_fused, &c, in, nin, w, ny, &nf);
+    float *b = run(ctx, f_unfused, &c, in, nin, w, ny, &nu);
+    REQUIRE(nf == nu);
+    double d = 0, s = 0;
+    for (int64_t e = 0; e < nf; e++) {
+      d = fmax(d, fabs((double)a[e] - b[e]));
+      s = fmax(s, fabs((double)b[e]));
+    }
+    fprintf(stderr, "fused vs unfused R=%lld C=%lld F=%lld O=%lld threads=%d: |diff| %.3g "
+            "(max %.3g)\n", (long long)c.R, (long long)c.C, (long long)c.F, (long long)c.O,
+            threads, d, s);
+    CHECK(d <= 2e-6 * (1 + s));
+    /* eval: the same output, no node */
+    dg_ctx_reset(ctx);
+    int prev = dg_set_grad_enabled(ctx, 0);
+    dg_tensor *ye = f_fused(ctx, in, &c);
+    dg_set_grad_enabled(ctx, prev);
+    REQUIRE(ye);
+    CHECK(!dg_tensor_requires_grad(ye));
+    CHECK(memcmp(dg_tensor_data(ye), a, (size_t)ny * sizeof *a) == 0);
+    free(w), free(a), free(b);
+    free_inputs(in);
+  }
+  dg_ctx_free(ctx);
+  dg_set_num_threads(1);
+}
+
+static void errors(dg_ctx *ctx) {
+  int64_t sx[2] = {3, 4}, s1[2] = {8, 4}, s2[2] = {2, 8}, bad[2] = {8, 5};
+  dg_tensor *x = dg_zeros(ctx, DG_F32, 2, sx), *w1 = dg_zeros(ctx, DG_F32, 2, s1);
+  dg_tensor *w2 = dg_zeros(ctx, DG_F32, 2, s2);
+  CHECK(dg_mlp_gelu(ctx, x, w1, NULL, w2, NULL) != NULL);
+  CHECK(dg_mlp_gelu(ctx, x, dg_zeros(ctx, DG_F32, 2, bad), NULL, w2, NULL) == NULL);
+  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_errmsg(ctx), "mlp_gelu");
+  CHECK_STR_HAS(dg_errmsg(ctx), "(8, 5)");
+  dg_clear_error(ctx);
+  CHECK(dg_mlp_gelu(ctx, x, w1, NULL, w1, NULL) == NULL); /* w2 (8, 4): want (O, 8) */
+  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
+  dg_clear_error(ctx);
+  CHECK(dg_mlp_gelu(ctx, x, w1, dg_zeros(ctx, DG_F32, 1, &sx[1]), w2, NULL) == NULL);
+  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
+  dg_clear_error(ctx);
+  CHECK(dg_mlp_gelu(ctx, NULL, w1, NULL, w2, NULL) == NULL);
+  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
+  dg_clear_error(ctx);
+  CHECK(dg_mlp_gelu(ctx, dg_zeros(ctx, DG_I32, 2, sx), w1, NULL, w2, NULL) == NULL);
+  CHECK_EQ_INT(dg_errcode(ctx), DG_EDTYPE);
+  dg_clear_error(ctx);
+  /* no rows: an empty output, backward runs */
+  int64_t e[3] = {2, 0, 4};
+  dg_tensor *ex = NULL;
+  REQUIRE(dg_tensor_new(&ex, DG_F32, 3, e) == DG_OK);
+  dg_tensor_set_requires_grad(ex, 1);
+  dg_tensor *y = dg_mlp_gelu(ctx, ex, w1, NULL, w2, NULL);
+  REQUIRE(y);
+  CHECK_EQ_INT(dg_tensor_numel(y), 0);
+  CHECK_EQ_INT(dg_tensor_shape(y)[2], 2);
+  CHECK_OK(dg_backward(ctx, dg_sum(ctx, y)));
+  dg_tensor_free(ex);
+}
+
+int main(void) {
+  grad_fd();
+  vs_unfused(1);
+  vs_unfused(2);
+  dg_ctx *ctx = NULL;
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  errors(ctx);
+  dg_ctx_free(ctx);
+  return TEST_DONE();
+}
