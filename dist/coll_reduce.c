@@ -55,6 +55,18 @@ void dg__reduce(void *dst, const void *src, size_t n, dg_dtype dt, dg_redop op) 
   }
 }
 
+void dg__reduce_avg_last(void *dst, const void *src, size_t n, dg_dtype dt, int by) {
+  if (dt == DG_F32 && by > 0 && (by & (by - 1)) == 0) {
+    /* x / 2^k == x * 2^-k exactly: one pass instead of two */
+    float *d = dst, f = 1.0f / (float)by;
+    const float *s = src;
+    for (size_t i = 0; i < n; i++) d[i] = (d[i] + s[i]) * f;
+    return;
+  }
+  dg__reduce(dst, src, n, dt, DG_RED_SUM);
+  dg__scale_div(dst, n, dt, by);
+}
+
 #define DIV_LOOP(T, by)                           \
   do {                                            \
     T *b_ = buf;                                  \

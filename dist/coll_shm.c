@@ -162,9 +162,12 @@ static int reduce_chunk(dg_coll *c, unsigned char *dst, size_t len, uint32_t g, 
    * on, start from rank 0's operand to keep the rank order. */
   int r = c->rank;
   if (r > 1) memcpy(dst, slot(s, 0, g), len);
-  for (int p = r > 1 ? 1 : 0; p < c->size; p++)
-    if (r > 1 || p != r) dg__reduce(dst, slot(s, p, g), n, dt, op);
-  if (op == DG_RED_AVG) dg__scale_div(dst, n, dt, c->size); /* while in cache */
+  int last = r <= 1 && r == c->size - 1 ? c->size - 2 : c->size - 1;
+  for (int p = r > 1 ? 1 : 0; p < c->size; p++) {
+    if (r <= 1 && p == r) continue;
+    if (op == DG_RED_AVG && p == last) dg__reduce_avg_last(dst, slot(s, p, g), n, dt, c->size);
+    else dg__reduce(dst, slot(s, p, g), n, dt, op);
+  }
   publish(&s->ctl[r], &s->ctl[r].consumed, g + 1);
   return DG_OK;
 }

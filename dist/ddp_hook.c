@@ -4,12 +4,16 @@
 #include <string.h>
 
 #include "dist/ddp_impl.h"
+#include "dist/pg_impl.h"
 
 /* Bucket 0 carries Join's count: one element after the gradients. */
 static int carries(const dg_ddp *d, const dg_ddp_bucket *b) { return d->piggy && b->index == 0; }
 
 int dg__ddp_can_piggy(const dg_ddp *d) {
   if (d->opts.hook || d->opts.no_join) return 0;
+  /* through shared memory a separate 4-byte all-reduce costs microseconds,
+   * less than staging bucket 0 */
+  if (dg__pg_local_shm(d->pg)) return 0;
   /* the count is summed in the reduced type: exact integers up to 2^11
    * (f16) and 2^8 (bf16) */
   if (d->opts.comm == DG_DDP_COMM_FP16) return d->world <= 2048;

@@ -115,6 +115,9 @@ int dg__coll_fail_peer(dg_coll *c, int code, int peer, const char *fmt, ...)
 
 /* coll_reduce.c: dst[i] = dst[i] (op) src[i] for n elements; AVG sums. */
 void dg__reduce(void *dst, const void *src, size_t n, dg_dtype dt, dg_redop op);
+/* dst = (dst + src) / by: AVG's last operand and division, fused where
+ * exact (f32, power-of-two `by`). */
+void dg__reduce_avg_last(void *dst, const void *src, size_t n, dg_dtype dt, int by);
 /* Divides by `by` (AVG's final step). */
 void dg__scale_div(void *buf, size_t n, dg_dtype dt, int by);
 
@@ -130,6 +133,8 @@ int dg__allreduce_direct(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_re
 int dg__allreduce_cma(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
 /* Agrees on cross-memory attach at init (every rank probed every peer). */
 int dg__cma_setup(dg_pg *pg, const uint64_t *probe_addr, const char *const *hosts);
+/* 1 when allreduces of this group go through shared memory by default. */
+int dg__pg_local_shm(const dg_pg *pg);
 /* coll_shm.c: allreduce through a segment shared by all ranks on a host. */
 int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
 /* Creates/maps the segment (collective); pg->shm stays NULL when any rank
