@@ -14,7 +14,7 @@
  * through memory. Backward, per row block, with dy (m, O):
  *
  *   a  = dy w2                 (m, F)
- *   g  = gelu(h), a *= gelu'(h)   (one tanh per element for both)
+ *   g  = gelu(h), a *= gelu'(h)   (one exp per element for both)
  *   dw2 += dy^T g,  dw1 += a^T x,  db1 += colsum(a),  dx = a w1
  *
  * and db2 = colsum(dy) once. First writers overwrite (beta 0). */
@@ -37,16 +37,13 @@ DG_INLINE void bias_gelu_body(float *restrict h, float *restrict g, const float 
 DG_SIMD_FN(bias_gelu, (float *h, float *g, const float *b, int64_t r0, int64_t r1, int64_t F),
            (h, g, b, r0, r1, F))
 
-/* Elements [lo, hi): g = gelu(h), a *= gelu'(h), sharing the tanh. */
+/* Elements [lo, hi): g = gelu(h), a *= gelu'(h), sharing the sigmoid. */
 DG_INLINE void gelu_bwd_body(const float *restrict h, float *restrict a, float *restrict g,
                              int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; i++) {
-    float v = h[i], v2 = v * v;
-    float t = dg__tanhf(DG_GELU_BETA * (v + DG_GELU_KAPPA * v2 * v));
-    g[i] = 0.5f * v * (1.0f + t);
-    float d = 0.5f * (1.0f + t) +
-              0.5f * v * (1.0f - t * t) * DG_GELU_BETA * (1.0f + 3.0f * DG_GELU_KAPPA * v2);
-    a[i] *= d;
+    float v = h[i], v2 = v * v, s = dg__gelu_s(v, v2);
+    g[i] = v * s;
+    a[i] *= dg__gelu_grad_s(v, v2, s);
   }
 }
 DG_SIMD_FN(gelu_bwd, (const float *h, float *a, float *g, int64_t lo, int64_t hi),

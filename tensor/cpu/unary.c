@@ -10,9 +10,9 @@
  * edge cases still hold; log calls libm (log(0) = -inf, log(<0) = nan).
  *
  * Backward reads what it saved: the output for relu/tanh/sigmoid/exp (as
- * torch does), the input for gelu/log. GELU backward recomputes tanh (a few
- * vector flops per element) instead of saving it: one stream less to write
- * and read, and no extra arena memory.
+ * torch does), the input for gelu/log. GELU backward recomputes its sigmoid
+ * (cpu_impl.h; a few vector flops per element) instead of saving it: one
+ * stream less to write and read, and no extra arena memory.
  *
  * The loops are compiled for AVX-512/AVX2/baseline (DG_SIMD_FN), split over
  * the compute pool when long, and a fresh input gradient is stored (=)

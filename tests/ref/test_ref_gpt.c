@@ -2,7 +2,9 @@
  * tokens (B=2, T=8) -> wte + wpe (d 32) -> x + attn(ln1(x)) (4 heads, causal)
  * -> x + mlp(ln2(x)) (GELU tanh, hidden 128) -> ln_f -> head (no bias) -> logits
  * (2, 8, 16), cross-entropy on the shifted targets. Attention is spelled out
- * exactly as in make_fixtures.py's Block.attn. */
+ * exactly as in make_fixtures.py's Block.attn; a second run checks the fused
+ * ops the transformer block uses (dg_attention, dg_mlp_gelu) against the
+ * same fixture. */
 #include "ref_fixture.h"
 
 enum { B = 2, T = 8, D = 32, H = 4, HD = D / H };
@@ -41,8 +43,16 @@ static dg_tensor *attn(ref_env *e, dg_tensor *x /* (B, T, D) */) {
                    ref_param(e, "block.attn_proj.bias"));
 }
 
+static dg_tensor *attn_fused(ref_env *e, dg_tensor *x /* (B, T, D) */) {
+  dg_ctx *c = e->ctx;
+  dg_tensor *qkv = dg_linear(c, x, ref_param(e, "block.attn_qkv.weight"),
+                             ref_param(e, "block.attn_qkv.bias")); /* (B, T, 3D) */
+  return dg_linear(c, dg_attention(c, qkv, H, 1, 1.0f / sqrtf((float)HD)),
+                   ref_param(e, "block.attn_proj.weight"), ref_param(e, "block.attn_proj.bias"));
+}
+
 static dg_tensor *forward(ref_env *e, dg_tensor **out, void *user) {
-  (void)user;
+  int fused = *(const int *)user;
   dg_ctx *c = e->ctx;
   int64_t pos_data[T], t_shape[1] = {T};
   for (int t = 0; t < T; t++) pos_data[t] = t;
@@ -51,16 +61,37 @@ static dg_tensor *forward(ref_env *e, dg_tensor **out, void *user) {
                         dg_embedding(c, ref_param(e, "wpe.weight"), pos)); /* (B,T,D) + (T,D) */
   dg_tensor *h = dg_layernorm(c, x, ref_param(e, "block.ln1.weight"),
                               ref_param(e, "block.ln1.bias"), LN_EPS);
-  x = dg_add(c, x, attn(e, h));
+  x = dg_add(c, x, fused ? attn_fused(e, h) : attn(e, h));
   h = dg_layernorm(c, x, ref_param(e, "block.ln2.weight"), ref_param(e, "block.ln2.bias"),
                    LN_EPS);
-  h = dg_gelu(c, dg_linear(c, h, ref_param(e, "block.mlp_fc.weight"),
-                           ref_param(e, "block.mlp_fc.bias"))); /* (B, T, 4D) */
-  x = dg_add(c, x, dg_linear(c, h, ref_param(e, "block.mlp_proj.weight"),
-                             ref_param(e, "block.mlp_proj.bias")));
+  if (fused) {
+    x = dg_add(c, x, dg_mlp_gelu(c, h, ref_param(e, "block.mlp_fc.weight"),
+                                 ref_param(e, "block.mlp_fc.bias"),
+                                 ref_param(e, "block.mlp_proj.weight"),
+                                 ref_param(e, "block.mlp_proj.bias")));
+  } else {
+    h = dg_gelu(c, dg_linear(c, h, ref_param(e, "block.mlp_fc.weight"),
+                             ref_param(e, "block.mlp_fc.bias"))); /* (B, T, 4D) */
+    x = dg_add(c, x, dg_linear(c, h, ref_param(e, "block.mlp_proj.weight"),
+                               ref_param(e, "block.mlp_proj.bias")));
+  }
   h = dg_layernorm(c, x, ref_param(e, "ln_f.weight"), ref_param(e, "ln_f.bias"), LN_EPS);
   *out = dg_linear(c, h, ref_param(e, "head.weight"), NULL); /* (B, T, 16) */
   return dg_cross_entropy(c, *out, ref_input(e, "targets"));
 }
 
-int main(int argc, char **argv) { return ref_main("gpt", argc, argv, forward, NULL); }
+int main(int argc, char **argv) {
+  ref_env env;
+  ref_env_open(&env, "gpt", argc > 1 ? argv[1] : NULL);
+  for (int fused = 0; fused < 2; fused++) {
+    const char *what = fused ? "gpt (fused attention and MLP)" : "gpt";
+    int bad = ref_env_pass(&env, forward, &fused, REF_TOL, 1);
+    printf("%s: %d tensor(s) out of tolerance %.0e\n", what, bad, REF_TOL);
+    bad = ref_env_pass(&env, forward, &fused, REF_TOL, 2);
+    printf("%s: second step without zero_grad: %d tensor(s) off twice the reference "
+           "gradient\n", what, bad);
+  }
+  fflush(stdout);
+  ref_env_close(&env);
+  return TEST_DONE();
+}
