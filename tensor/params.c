@@ -28,7 +28,7 @@ void dg_params_free(dg_params *ps) {
   dg__free(ps->fired);
   dg__free(ps->companions);
   if (ps->data) dg__dev_free(DG_CPU, ps->data, ps->total * sizeof(float));
-  if (ps->grad) dg__dev_free(DG_CPU, ps->grad, ps->total * sizeof(float));
+  if (ps->grad && !ps->grad_lent) dg__dev_free(DG_CPU, ps->grad, ps->total * sizeof(float));
   dg__free(ps);
 }
 
@@ -100,6 +100,11 @@ int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shap
   if (out) *out = NULL;
   if (!ps || !name || !*name || ndim < 0 || ndim > DG_MAX_DIMS || (ndim && !shape))
     return DG_EINVAL;
+  if (ps->grad_lent) {
+    DG_LOGE("params_add: \"%s\": the gradient buffer is lent (to DDP): add parameters "
+            "before wrapping the model", name);
+    return DG_ESTATE;
+  }
   if (dg_params_find(ps, name)) {
     DG_LOGE("params_add: duplicate parameter name \"%s\"", name);
     return DG_EINVAL;
@@ -216,6 +221,18 @@ void dg_params_set_trainable(dg_params *ps, int i, int on) {
 
 int dg_params_trainable(const dg_params *ps, int i) {
   return (ps && i >= 0 && i < ps->n) ? ps->trainable[i] : 0;
+}
+
+int dg__params_lend_grad(dg_params *ps, float *buf) {
+  if (!ps || (!buf && !ps->grad_lent)) return DG_EINVAL;
+  float *g = buf ? buf : dg__dev_alloc(DG_CPU, (ps->total ? ps->total : 1) * sizeof(float));
+  if (!g) return DG_ENOMEM;
+  if (ps->used_total) memcpy(g, ps->grad, ps->used_total * sizeof(float));
+  if (ps->grad && !ps->grad_lent) dg__dev_release(DG_CPU, ps->grad, ps->total * sizeof(float));
+  ps->grad = g;
+  ps->grad_lent = buf != NULL;
+  for (int i = 0; i < ps->n; i++) ps->t[i]->grad->data = g + ps->offset[i];
+  return DG_OK;
 }
 
 int dg_params_add_companion(dg_params *ps, float *buf) {

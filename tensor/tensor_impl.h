@@ -140,6 +140,7 @@ struct dg_params {
   int unreached;
   float **companions; /* buffers laid out like data (optimizer state) */
   int ncompanions;
+  int grad_lent;      /* grad is someone else's memory (DDP's shared segment) */
 };
 
 /* ---- errors ---- */
@@ -204,6 +205,11 @@ void dg__param_grad_materialize(dg_tensor *t);
 /* Raw flat gradient buffer without materialising stale segments (for code
  * that reads only parameters whose gradient is final, e.g. DDP buckets). */
 float *dg__params_grad_raw(dg_params *ps);
+/* Moves the flat gradient buffer into `buf` (at least used_total floats,
+ * owned by the caller, e.g. DDP's shared-memory segment) or, with NULL,
+ * back into a private allocation; views follow. While lent, parameters
+ * cannot be added (DG_ESTATE). */
+int dg__params_lend_grad(dg_params *ps, float *buf);
 /* 1 when t takes a gradient. */
 static inline int dg__wants_grad(const dg_tensor *t) {
   return t && (t->flags & DG_TF_REQUIRES_GRAD);
