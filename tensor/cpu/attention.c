@@ -25,7 +25,7 @@
 
 #include "tensor/cpu/cpu_impl.h"
 
-#define ATT_BLK 64 /* causal GEMM block (rows of S); T <= ATT_BLK: one GEMM */
+#define ATT_BLK 16 /* causal GEMM block (rows of S); T <= ATT_BLK: one GEMM */
 
 /* exp(x) for x <= 0, branch-free so row loops vectorise: cpu_impl.h's
  * Cephes kernel (~1 ulp), flushed to 0 below -87.3 (and for -inf) where
@@ -43,14 +43,8 @@ DG_INLINE int32_t f_key(float x) {
 }
 DG_INLINE int32_t f_key_inv(int32_t k) { return k ^ ((k >> 31) & INT32_MAX); }
 
-/* Horizontal reductions of 16 lanes as trees (vector halves), not chains
- * of 16 dependent scalar ops. */
-DG_INLINE float lanes_sum(float *a) {
-  for (int k = 0; k < 8; k++) a[k] += a[k + 8];
-  for (int k = 0; k < 4; k++) a[k] += a[k + 4];
-  for (int k = 0; k < 2; k++) a[k] += a[k + 2];
-  return a[0] + a[1];
-}
+/* Horizontal max of 16 lanes as a tree (vector halves), not a chain of 16
+ * dependent scalar ops; sums use dg__lanes_sum16. */
 DG_INLINE int32_t lanes_max(int32_t *a) {
   for (int k = 0; k < 8; k++) a[k] = a[k + 8] > a[k] ? a[k + 8] : a[k];
   for (int k = 0; k < 4; k++) a[k] = a[k + 4] > a[k] ? a[k + 4] : a[k];
@@ -99,7 +93,7 @@ DG_INLINE void softmax_rows_body(float *restrict S, int64_t r0, int64_t r1, int6
       s[j] = att_exp(s[j] - m);
       acc[0] += s[j];
     }
-    float inv = 1.0f / lanes_sum(acc);
+    float inv = 1.0f / dg__lanes_sum16(acc);
     for (j = 0; j < n16; j += 16)
       for (int k = 0; k < 16; k++) s[j + k] *= inv;
     for (; j < nv; j++) s[j] *= inv;
@@ -126,7 +120,7 @@ DG_INLINE void softmax_grad_rows_body(float *restrict D, const float *restrict P
     for (j = 0; j < n16; j += 16)
       for (int k = 0; k < 16; k++) acc[k] += d[j + k] * p[j + k];
     for (; j < nv; j++) acc[0] += d[j] * p[j];
-    float s = lanes_sum(acc);
+    float s = dg__lanes_sum16(acc);
     for (j = 0; j < n16; j += 16)
       for (int k = 0; k < 16; k++) d[j + k] = scale * p[j + k] * (d[j + k] - s);
     for (; j < nv; j++) d[j] = scale * p[j] * (d[j] - s);

@@ -62,6 +62,15 @@ void dg__simd_force(int isa);
 #define DG_GRAIN_MEM 32768
 #define DG_GRAIN_COMPUTE 8192
 
+/* Sum of 16 lanes as a tree of vector halves, not a chain of 16 dependent
+ * scalar adds (the chain dominated short rows). Clobbers a. */
+DG_INLINE float dg__lanes_sum16(float *a) {
+  for (int k = 0; k < 8; k++) a[k] += a[k + 8];
+  for (int k = 0; k < 4; k++) a[k] += a[k + 4];
+  for (int k = 0; k < 2; k++) a[k] += a[k + 2];
+  return a[0] + a[1];
+}
+
 /* Float sum of p (n) in 16 vector lanes, folded into double every 256
  * elements: vector speed, error bounded by the block length. */
 DG_INLINE double dg__sum_blocks(const float *restrict p, int64_t n) {
@@ -71,14 +80,12 @@ DG_INLINE double dg__sum_blocks(const float *restrict p, int64_t n) {
     float acc[16] = {0};
     for (int64_t b = 0; b < 256; b += 16)
       for (int k = 0; k < 16; k++) acc[k] += p[i + b + k];
-    float t = 0;
-    for (int k = 0; k < 16; k++) t += acc[k];
-    s += t;
+    s += dg__lanes_sum16(acc);
   }
   float acc[16] = {0};
   for (; i + 16 <= n; i += 16)
     for (int k = 0; k < 16; k++) acc[k] += p[i + k];
-  for (int k = 0; k < 16; k++) s += acc[k];
+  s += dg__lanes_sum16(acc);
   for (; i < n; i++) s += p[i];
   return s;
 }

@@ -40,7 +40,7 @@ DG_INLINE double sumsq_dev(const float *restrict x, float m, int64_t C) {
         a16[k] += d * d;
       }
     for (; i < i1; i++) acc += (x[i] - m) * (x[i] - m);
-    for (int k = 0; k < 16; k++) acc += a16[k];
+    acc += dg__lanes_sum16(a16);
     s += acc;
   }
   return s;
@@ -104,7 +104,7 @@ DG_INLINE void ln_bwd_rows_body(const ln_job *j, int64_t r0, int64_t r1) {
         t += g;
         tx += g * ((xr[i] - mu) * rs);
       }
-      for (int k = 0; k < 16; k++) t += a[k], tx += ax[k];
+      t += dg__lanes_sum16(a), tx += dg__lanes_sum16(ax);
       sg += t, sgx += tx;
     }
     float mg = (float)(sg / (double)C), mgx = (float)(sgx / (double)C);
