@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,7 +32,7 @@
 #define SHM_CHUNK ((size_t)256 << 10) /* bytes per slot */
 #define SHM_NSLOT 4                   /* slots per rank (chunks in flight) */
 #define SPIN_NS 20000                 /* busy-wait before sleeping... */
-#define SPIN_WAITED_NS 2000000        /* ...or this long while a caller waits */
+#define SPIN_WAITED_NS 2000000        /* ...or, yielding, this long while a caller waits */
 #define SLICE_MS 5                    /* futex sleep between liveness checks */
 
 typedef struct {
@@ -75,9 +76,9 @@ static void cpu_relax(void) {
 }
 
 /* Publishes *word = v and wakes sleepers of that rank's words. */
-static void publish(shm_ctl *me, uint32_t *word, uint32_t v) {
+static void publish(uint32_t *sleepers, uint32_t *word, uint32_t v) {
   __atomic_store_n(word, v, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&me->sleepers, __ATOMIC_SEQ_CST))
+  if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST))
     futex(word, FUTEX_WAKE, INT32_MAX, NULL);
 }
 
@@ -85,9 +86,10 @@ static int reached(const uint32_t *word, uint32_t v) {
   return (int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - v) >= 0;
 }
 
-/* Waits until rank p's *word reaches v (modular); failures name p. */
-static int wait_word(dg_coll *c, int p, uint32_t *word, uint32_t v, const char *what) {
-  shm_ctl *pc = &c->pg->shm->ctl[p];
+/* Waits until rank p's *word reaches v (modular); `sleepers` is p's count
+ * of futex waiters; failures name p. */
+static int wait_word(dg_coll *c, int p, uint32_t *word, uint32_t *sleepers, uint32_t v,
+                     const char *what) {
   if (reached(word, v)) return DG_OK;
   /* Spinning steals the core from this rank's compute thread unless that
    * thread is blocked waiting for a collective; sleeping costs a wake-up
@@ -95,17 +97,18 @@ static int wait_word(dg_coll *c, int p, uint32_t *word, uint32_t v, const char *
   int64_t t0 = dg__now_ns(), t;
   while ((t = dg__now_ns() - t0) < SPIN_NS ||
          (t < SPIN_WAITED_NS && __atomic_load_n(&c->pg->nwaiting, __ATOMIC_RELAXED) > 0)) {
-    for (int i = 0; i < 64; i++) cpu_relax();
+    if (t < SPIN_NS) for (int i = 0; i < 64; i++) cpu_relax();
+    else sched_yield(); /* a runnable peer thread on this core goes first */
     if (reached(word, v)) return DG_OK;
   }
   for (;;) {
-    __atomic_add_fetch(&pc->sleepers, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
     uint32_t cur = __atomic_load_n(word, __ATOMIC_SEQ_CST);
     if ((int32_t)(cur - v) < 0) {
       struct timespec ts = {0, SLICE_MS * 1000000L};
       futex(word, FUTEX_WAIT, cur, &ts);
     }
-    __atomic_sub_fetch(&pc->sleepers, 1, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
     if (reached(word, v)) return DG_OK;
     int e = c->x->vt->error(c->x, NULL, 0);
     if (e != DG_OK)
@@ -136,13 +139,14 @@ static int post_chunk(dg_coll *c, const unsigned char *src, size_t len, uint32_t
   shm_ctl *me = &s->ctl[c->rank];
   for (int p = 0; p < c->size; p++) { /* the slot's last readers must be done */
     if (p == c->rank) continue; /* I reduce in order: always done */
-    int rc = wait_word(c, p, &s->ctl[p].consumed, g - SHM_NSLOT + 1, "free a buffer");
+    int rc = wait_word(c, p, &s->ctl[p].consumed, &s->ctl[p].sleepers, g - SHM_NSLOT + 1,
+                       "free a buffer");
     if (rc != DG_OK) return rc;
   }
   memcpy(slot(s, c->rank, g), src, len);
   me->desc[g % SHM_NSLOT] = (shm_desc){c->w->seq, c->w->count, (uint32_t)c->w->dt,
                                        (uint32_t)c->w->op};
-  publish(me, &me->posted, g + 1);
+  publish(&me->sleepers, &me->posted, g + 1);
   return DG_OK;
 }
 
@@ -154,7 +158,7 @@ static int reduce_chunk(dg_coll *c, unsigned char *dst, size_t len, uint32_t g, 
   size_t n = len / dg_dtype_size(dt);
   for (int p = 0; p < c->size; p++) {
     if (p == c->rank) continue;
-    int rc = wait_word(c, p, &s->ctl[p].posted, g + 1, "post its data");
+    int rc = wait_word(c, p, &s->ctl[p].posted, &s->ctl[p].sleepers, g + 1, "post its data");
     if (rc == DG_OK) rc = check_desc(c, p, g);
     if (rc != DG_OK) return rc;
   }
@@ -168,7 +172,7 @@ static int reduce_chunk(dg_coll *c, unsigned char *dst, size_t len, uint32_t g, 
     if (op == DG_RED_AVG && p == last) dg__reduce_avg_last(dst, slot(s, p, g), n, dt, c->size);
     else dg__reduce(dst, slot(s, p, g), n, dt, op);
   }
-  publish(&s->ctl[r], &s->ctl[r].consumed, g + 1);
+  publish(&s->ctl[r].sleepers, &s->ctl[r].consumed, g + 1);
   return DG_OK;
 }
 
@@ -192,17 +196,11 @@ int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop
 
 /* ---- set-up ---- */
 
-static dg__shm *map_seg(int fd, int W) {
-  size_t len = seg_len(W);
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return NULL;
+static dg__shm *shm_wrap(void *p, int W) {
   dg__shm *s = dg__calloc(1, sizeof *s);
-  if (!s) {
-    munmap(p, len);
-    return NULL;
-  }
+  if (!s) return NULL;
   s->base = p;
-  s->len = len;
+  s->len = seg_len(W);
   s->W = W;
   s->ctl = p;
   s->data = (unsigned char *)p + (size_t)W * sizeof(shm_ctl);
@@ -219,46 +217,156 @@ static void seg_name(char *out, size_t cap, int pid0, uint64_t nonce) {
   snprintf(out, cap, "/dgrad-%d-%016llx", pid0, (unsigned long long)nonce);
 }
 
-/* Rank 0 creates the segment; its name travels as a MAX-allreduce of a
- * nonce (0 = none); the others map it; a MIN-allreduce agrees; rank 0
- * unlinks the name (nothing is left in /dev/shm once every rank mapped). */
-int dg__shm_setup(dg_pg *pg, dg_coll *c) {
-  int W = pg->size, fd = -1;
+/* How a segment's creation is agreed: an int64 allreduce (MAX, MIN). */
+typedef int (*agree_fn)(void *arg, int64_t *v, dg_redop op);
+
+/* Rank 0 creates a segment of `len` bytes; its name travels as a
+ * MAX-allreduce of a nonce (0 = none); the others map it; a MIN-allreduce
+ * agrees; rank 0 unlinks the name, so nothing is left in /dev/shm once
+ * every rank has mapped it. *base is NULL unless every rank mapped it. */
+static int seg_open(dg_pg *pg, size_t len, agree_fn agree, void *arg, void **base) {
+  int fd = -1;
   char name[64];
-  int64_t nonce = 0;
+  int64_t nonce = 0, ok = 0;
+  void *p = MAP_FAILED;
+  *base = NULL;
   if (pg->rank == 0) {
     static uint32_t counter;
-    nonce = (int64_t)((dg__now_ns() ^ ((uint64_t)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED)
-                                        << 40)) & INT64_MAX) | 1;
+    uint64_t k = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+    nonce = (int64_t)(((uint64_t)dg__now_ns() ^ (k << 40)) & INT64_MAX) | 1;
     seg_name(name, sizeof name, getpid(), (uint64_t)nonce);
     fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 || ftruncate(fd, (off_t)seg_len(W)) < 0) {
+    if (fd < 0 || ftruncate(fd, (off_t)len) < 0) {
       DG_LOGI("dist: rank 0: no shared-memory segment (%s): %s", name, strerror(errno));
-      if (fd >= 0) {
-        close(fd);
-        shm_unlink(name);
-      }
+      if (fd >= 0) close(fd), shm_unlink(name);
       fd = -1;
       nonce = 0;
     }
   }
-  int rc = dg__allreduce_rd(c, &nonce, 1, DG_I64, DG_RED_MAX);
-  if (rc != DG_OK) goto out;
-  int32_t ok = nonce != 0;
-  if (ok && pg->rank != 0) {
+  int rc = agree(arg, &nonce, DG_RED_MAX);
+  if (rc == DG_OK && nonce && pg->rank != 0) {
     seg_name(name, sizeof name, pg->pids[0], (uint64_t)nonce);
     fd = shm_open(name, O_RDWR, 0600);
   }
-  if (ok && fd >= 0) pg->shm = map_seg(fd, W);
-  ok = ok && pg->shm != NULL;
-  rc = dg__allreduce_rd(c, &ok, 1, DG_I32, DG_RED_MIN);
-out:
+  if (rc == DG_OK && fd >= 0) p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ok = p != MAP_FAILED;
+  if (rc == DG_OK) rc = agree(arg, &ok, DG_RED_MIN);
   if (fd >= 0) close(fd);
   if (pg->rank == 0 && nonce) shm_unlink(name);
+  if (rc == DG_OK && ok) *base = p;
+  else if (p != MAP_FAILED) munmap(p, len);
+  return rc;
+}
+
+static int agree_rd(void *arg, int64_t *v, dg_redop op) {
+  return dg__allreduce_rd(arg, v, 1, DG_I64, op);
+}
+
+int dg__shm_setup(dg_pg *pg, dg_coll *c) {
+  void *p = NULL;
+  int rc = seg_open(pg, seg_len(pg->size), agree_rd, c, &p);
+  if (p && !(pg->shm = shm_wrap(p, pg->size))) munmap(p, seg_len(pg->size));
+  /* a rank that failed to allocate the wrapper: agree again */
+  int64_t ok = pg->shm != NULL;
+  if (rc == DG_OK && p) rc = agree_rd(c, &ok, DG_RED_MIN);
   if (rc != DG_OK || !ok) {
     dg__shm_free(pg->shm);
     pg->shm = NULL;
   }
   DG_LOGI("dist: rank %d: shared-memory allreduce %s", pg->rank, pg->shm ? "on" : "off");
+  return rc;
+}
+
+/* ---- DDP's gradient segment: every rank's flat gradient buffer in one
+ * shared mapping. A bucket's average needs no copy-in: each rank reduces
+ * its 1/W block of the bucket from every rank's buffer and writes the
+ * result into every rank's buffer (read S, write S per rank in all). ---- */
+
+typedef struct {
+  uint32_t ready __attribute__((aligned(64))); /* bucket rounds whose gradients are final */
+  uint32_t done __attribute__((aligned(64)));  /* rounds whose block this rank wrote */
+  uint32_t sleepers __attribute__((aligned(64)));
+} grad_ctl;
+
+struct dg__shmgrad {
+  void *base;
+  size_t len, stride; /* mapping; bytes between ranks' buffers */
+  int W;
+  grad_ctl *ctl;
+  unsigned char *data;
+  uint32_t gen; /* rounds started (the worker's) */
+};
+
+#define RED_TILE 4096 /* floats reduced in L1 before being written out */
+
+static size_t page_up(size_t n) { return (n + 4095) / 4096 * 4096; }
+
+static int agree_pub(void *arg, int64_t *v, dg_redop op) {
+  return dg_pg_allreduce_sync(arg, v, 1, DG_I64, op);
+}
+
+int dg__shmgrad_new(dg_pg *pg, size_t nfloat, dg__shmgrad **out, float **mine) {
+  *out = NULL;
+  *mine = NULL;
+  if (!pg->shm) return DG_OK;
+  size_t stride = page_up((nfloat ? nfloat : 1) * sizeof(float));
+  size_t ctl = page_up((size_t)pg->size * sizeof(grad_ctl));
+  size_t len = ctl + (size_t)pg->size * stride;
+  void *p = NULL;
+  int rc = seg_open(pg, len, agree_pub, pg, &p);
+  if (rc != DG_OK || !p) return rc;
+  dg__shmgrad *s = dg__calloc(1, sizeof *s);
+  int64_t ok = s != NULL;
+  rc = agree_pub(pg, &ok, DG_RED_MIN);
+  if (rc != DG_OK || !ok) {
+    dg__free(s);
+    munmap(p, len);
+    return rc;
+  }
+  *s = (dg__shmgrad){.base = p, .len = len, .stride = stride, .W = pg->size, .ctl = p,
+                     .data = (unsigned char *)p + ctl};
+  *out = s;
+  *mine = (float *)(s->data + (size_t)pg->rank * stride);
+  return DG_OK;
+}
+
+void dg__shmgrad_free(dg__shmgrad *s) {
+  if (!s) return;
+  munmap(s->base, s->len);
+  dg__free(s);
+}
+
+static float *grad_of(dg__shmgrad *s, int r) { return (float *)(s->data + (size_t)r * s->stride); }
+
+/* out = average over ranks (in rank order) of [o, o + n) of every buffer,
+ * written to every buffer, a tile at a time through L1. */
+static void grad_block(dg__shmgrad *s, size_t o, size_t n) {
+  float tile[RED_TILE];
+  for (size_t t = 0; t < n; t += RED_TILE) {
+    size_t k = DG_MIN((size_t)RED_TILE, n - t);
+    memcpy(tile, grad_of(s, 0) + o + t, k * sizeof(float));
+    for (int p = 1; p < s->W; p++) {
+      if (p == s->W - 1) dg__reduce_avg_last(tile, grad_of(s, p) + o + t, k, DG_F32, s->W);
+      else dg__reduce(tile, grad_of(s, p) + o + t, k, DG_F32, DG_RED_SUM);
+    }
+    for (int p = 0; p < s->W; p++) memcpy(grad_of(s, p) + o + t, tile, k * sizeof(float));
+  }
+}
+
+int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, size_t off, size_t count) {
+  int W = c->size, r = c->rank, rc = DG_OK;
+  uint32_t g = ++s->gen;
+  publish(&s->ctl[r].sleepers, &s->ctl[r].ready, g);
+  for (int p = 0; p < W && rc == DG_OK; p++)
+    if (p != r) rc = wait_word(c, p, &s->ctl[p].ready, &s->ctl[p].sleepers, g,
+                               "finish its gradients");
+  if (rc != DG_OK) return rc;
+  size_t q = count / (size_t)W, rm = count % (size_t)W;
+  size_t bo = (size_t)r * q + DG_MIN((size_t)r, rm), bn = q + ((size_t)r < rm);
+  grad_block(s, off + bo, bn);
+  publish(&s->ctl[r].sleepers, &s->ctl[r].done, g);
+  for (int p = 0; p < W && rc == DG_OK; p++)
+    if (p != r) rc = wait_word(c, p, &s->ctl[p].done, &s->ctl[p].sleepers, g,
+                               "write its block of the average");
   return rc;
 }

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "dist/ddp_impl.h"
+#include "dist/pg_impl.h"
 #include "tensor/tensor_impl.h"
 
 #define MiB ((size_t)1 << 20)
@@ -172,6 +173,27 @@ static int on_end(void *user, dg_ctx *ctx) {
 
 /* ---- construction ---- */
 
+/* Ranks on one host with the built-in f32 hook: the store's gradient
+ * buffer moves into a segment all ranks map (no copies in the all-reduce).
+ * Collective; every rank decides alike (options were verified equal). */
+static int lend_grads(dg_ddp *d) {
+  if (d->world == 1 || d->opts.hook || d->opts.comm != DG_DDP_COMM_F32 ||
+      !dg__pg_local_shm(d->pg))
+    return DG_OK;
+  size_t n = 0;
+  dg_params_data(d->ps, &n);
+  int rc = dg__shmgrad_new(d->pg, n, &d->shmg, &d->shm_mine);
+  if (rc) return dg__ddp_fail(d, rc, "ddp_new: rank %d: setting up the shared gradient "
+                              "buffers failed: %s", d->rank, dg_pg_errmsg(d->pg));
+  if (d->shmg && (rc = dg__params_lend_grad(d->ps, d->shm_mine)) != DG_OK) {
+    /* only ENOMEM-free paths reach here: lending an external buffer cannot fail */
+    dg__shmgrad_free(d->shmg);
+    d->shmg = NULL;
+    return dg__ddp_fail(d, rc, "ddp_new: lending the gradient buffer failed");
+  }
+  return DG_OK;
+}
+
 static int setup(dg_ddp *d) {
   d->nparams = dg_params_count(d->ps);
   for (int i = 0; i < d->nparams; i++) d->ntrain += dg_params_trainable(d->ps, i) != 0;
@@ -192,6 +214,7 @@ static int setup(dg_ddp *d) {
   if (!d->pbucket || !d->order) return dg__ddp_fail(d, DG_ENOMEM, "ddp_new: out of memory");
   int rc = dg__ddp_verify(d);
   if (!rc) rc = dg__ddp_broadcast_state(d, 0, 1);
+  if (!rc) rc = lend_grads(d);
   if (!rc) rc = dg__ddp_build_buckets(d, 0);
   if (rc) return d->err ? d->err : dg__ddp_fail(d, rc, "ddp_new: %s", dg_strerror(rc));
   d->ready_id = dg_ctx_add_grad_ready_hook(d->ctx, on_ready, d);
@@ -234,6 +257,13 @@ void dg_ddp_free(dg_ddp *d) {
   for (int k = 0; k < d->nb; k++)
     if (d->b[k].started && d->hook.release) d->hook.release(d->hook.state, d->b[k].work);
   if (d->count_work) dg_work_free(d->count_work);
+  if (d->shmg) {
+    /* gradients back into private memory (the store outlives us) */
+    if (dg__params_lend_grad(d->ps, NULL) != DG_OK)
+      DG_LOGE("ddp_free: rank %d: out of memory taking the gradients back; they are lost",
+              d->rank);
+    dg__shmgrad_free(d->shmg);
+  }
   dg__ddp_hook_free(d);
   dg__free(d->b);
   dg__free(d->pbucket);

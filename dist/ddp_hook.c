@@ -37,6 +37,8 @@ static int f32_start(void *state, dg_pg *pg, const dg_ddp_bucket *b, void **pend
     memcpy(d->stage, b->grad, b->n * sizeof *b->grad);
     d->stage[b->n] = (float)d->has_data;
     rc = dg_pg_allreduce(pg, d->stage, b->n + 1, DG_F32, DG_RED_AVG, &w);
+  } else if (d->shmg) {
+    rc = dg__pg_shmgrad_allreduce(pg, d->shmg, (size_t)(b->grad - d->shm_mine), b->n, &w);
   } else {
     rc = dg_pg_allreduce(pg, b->grad, b->n, DG_F32, DG_RED_AVG, &w);
   }

@@ -49,6 +49,10 @@ struct dg_ddp {
   float *stage;       /* (stage_cap) f32: bucket 0's gradients + the count */
   size_t stage_cap;
   int unused_logged;
+  /* ranks on one host, built-in f32 hook: every rank's gradient buffer
+   * lives in one shared segment and buckets are averaged in place there */
+  struct dg__shmgrad *shmg;
+  float *shm_mine;    /* this rank's buffer in it (the store's gradients) */
   /* built-in compression: per-bucket half buffers */
   uint16_t **half;
   size_t *half_cap;

@@ -16,7 +16,8 @@ typedef enum {
   DG_W_REDUCE_SCATTER,
   DG_W_BARRIER,
   DG_W_SEND,
-  DG_W_RECV
+  DG_W_RECV,
+  DG_W_SHMGRAD /* DDP bucket average in the gradient segment */
 } dg_wkind;
 
 /* Slot prefixes of ProcessGroupGloo (gloo/types.h). */
@@ -33,6 +34,8 @@ struct dg_work {
   uint64_t seq;  /* per group, every operation */
   uint32_t tag;  /* collectives: ProcessGroupGloo's collectiveCounter_ */
   void *buf;
+  void *seg;  /* DG_W_SHMGRAD: the segment; `off`: first element */
+  size_t off;
   const void *in;
   void *out;
   size_t count;
@@ -141,6 +144,17 @@ int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop
  * cannot. Returns a transport error only. */
 int dg__shm_setup(dg_pg *pg, dg_coll *c);
 void dg__shm_free(dg__shm *s);
+/* DDP's gradient segment: every rank's flat gradient buffer (nfloat) in
+ * one shared mapping. Collective (public allreduces); *out stays NULL when
+ * the group has no shared memory or a rank cannot map it. */
+typedef struct dg__shmgrad dg__shmgrad;
+int dg__shmgrad_new(dg_pg *pg, size_t nfloat, dg__shmgrad **out, float **mine);
+void dg__shmgrad_free(dg__shmgrad *s);
+/* Averages elements [off, off + count) over every rank's buffer (f32),
+ * results in every buffer; queued like any collective. */
+int dg__pg_shmgrad_allreduce(dg_pg *pg, dg__shmgrad *s, size_t off, size_t count,
+                             dg_work **w);
+int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, size_t off, size_t count);
 int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_dtype dt,
                        dg_redop op);
 

@@ -15,7 +15,7 @@
 
 const char *dg__work_name(const dg_work *w) {
   static const char *names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
-                                "barrier",   "send",      "recv"};
+                                "barrier",   "send",      "recv",      "allreduce"};
   return names[w->kind];
 }
 
@@ -159,6 +159,7 @@ static int run_work(dg_pg *pg, dg_work *w) {
     case DG_W_BARRIER:
       c.slot = slot_of(DG_SLOT_BARRIER, w->tag);
       return dg__gloo_barrier(&c);
+    case DG_W_SHMGRAD: return c.size == 1 ? DG_OK : dg__shmgrad_run(&c, w->seg, w->off, w->count);
     default: DG_ASSERT(!"not a collective");
   }
   return DG_EINVAL;
@@ -253,6 +254,18 @@ int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op
   k->buf = buf;
   k->count = count;
   k->op = op;
+  return enqueue(pg, k, w);
+}
+
+int dg__pg_shmgrad_allreduce(dg_pg *pg, dg__shmgrad *s, size_t off, size_t count,
+                             dg_work **w) {
+  *w = NULL;
+  dg_work *k = new_work(pg, DG_W_SHMGRAD, DG_F32);
+  if (!k) return DG_ENOMEM;
+  k->seg = s;
+  k->off = off;
+  k->count = count;
+  k->op = DG_RED_AVG;
   return enqueue(pg, k, w);
 }
 
