@@ -8,7 +8,8 @@
  *
  * Rows go by blocks of MLP_BLOCK_FLOATS / F, so g lives only in a block
  * of step scratch (reused by every layer) and the element-wise passes run
- * on L2-resident blocks. Against linear + gelu + linear this keeps one
+ * on L2-resident blocks. Biases are copied into the GEMM outputs first
+ * (beta 1 instead of OpenBLAS's clearing for beta 0). Against linear + gelu + linear this keeps one
  * (R, F) activation per layer instead of two, drops two (R, F) gradients
  * from backward, and the GELU input, output and gradient never stream
  * through memory. Backward, per row block, with dy (m, O):
@@ -24,18 +25,13 @@
 
 #define MLP_BLOCK_FLOATS (1 << 17) /* 512 KiB per scratch block */
 
-/* Rows [r0, r1) of h (., F): h += b (when b), g = gelu(h). */
-DG_INLINE void bias_gelu_body(float *restrict h, float *restrict g, const float *restrict b,
-                              int64_t r0, int64_t r1, int64_t F) {
-  for (int64_t r = r0; r < r1; r++) {
-    float *restrict hr = h + r * F, *restrict gr = g + r * F;
-    if (b)
-      for (int64_t j = 0; j < F; j++) hr[j] += b[j];
-    for (int64_t j = 0; j < F; j++) gr[j] = dg__gelu(hr[j]);
-  }
+/* Rows [r0, r1) of h (., F): g = gelu(h). */
+DG_INLINE void gelu_rows_body(const float *restrict h, float *restrict g, int64_t r0, int64_t r1,
+                              int64_t F) {
+  for (int64_t i = r0 * F; i < r1 * F; i++) g[i] = dg__gelu(h[i]);
 }
-DG_SIMD_FN(bias_gelu, (float *h, float *g, const float *b, int64_t r0, int64_t r1, int64_t F),
-           (h, g, b, r0, r1, F))
+DG_SIMD_FN(gelu_rows, (const float *h, float *g, int64_t r0, int64_t r1, int64_t F),
+           (h, g, r0, r1, F))
 
 /* Elements [lo, hi): g = gelu(h), a *= gelu'(h), sharing the sigmoid. */
 DG_INLINE void gelu_bwd_body(const float *restrict h, float *restrict a, float *restrict g,
@@ -49,32 +45,28 @@ DG_INLINE void gelu_bwd_body(const float *restrict h, float *restrict a, float *
 DG_SIMD_FN(gelu_bwd, (const float *h, float *a, float *g, int64_t lo, int64_t hi),
            (h, a, g, lo, hi))
 
-/* Rows [r0, r1) of y (., O) += b. */
-DG_INLINE void add_bias_body(float *restrict y, const float *restrict b, int64_t r0, int64_t r1,
-                             int64_t O) {
-  for (int64_t r = r0; r < r1; r++)
-    for (int64_t j = 0; j < O; j++) y[r * O + j] += b[j];
+/* y (m, O) = b in every row: one row copied, then doubled (a few memcpy
+ * calls). The GEMM then accumulates onto it (beta 1): OpenBLAS would clear
+ * C for beta 0 anyway, so the bias costs no pass of its own. */
+static void fill_rows(float *y, const float *b, int64_t m, int64_t O) {
+  if (m <= 0) return;
+  memcpy(y, b, (size_t)O * sizeof(float));
+  for (int64_t k = 1; k < m; k *= 2) /* rows [k, 2k) from rows [0, k) */
+    memcpy(y + k * O, y, (size_t)(DG_MIN(k, m - k) * O) * sizeof(float));
 }
-DG_SIMD_FN(add_bias, (float *y, const float *b, int64_t r0, int64_t r1, int64_t O),
-           (y, b, r0, r1, O))
 
 typedef struct {
-  float *h, *g, *a, *y;
-  const float *b;
+  float *h, *g, *a;
   int64_t F;
 } ew_job;
 
-static void bias_gelu_task(void *arg, int64_t lo, int64_t hi) {
+static void gelu_rows_task(void *arg, int64_t lo, int64_t hi) {
   const ew_job *j = arg;
-  bias_gelu(j->h, j->g, j->b, lo, hi, j->F);
+  gelu_rows(j->h, j->g, lo, hi, j->F);
 }
 static void gelu_bwd_task(void *arg, int64_t lo, int64_t hi) {
   const ew_job *j = arg;
   gelu_bwd(j->h, j->a, j->g, lo, hi);
-}
-static void add_bias_task(void *arg, int64_t lo, int64_t hi) {
-  const ew_job *j = arg;
-  add_bias(j->y, j->b, lo, hi, j->F);
 }
 
 static int64_t block_rows(int64_t F) {
@@ -173,14 +165,12 @@ static void mlp_fwd_rows(const float *x, const float *w1, const float *b1, const
   for (int64_t r0 = 0; r0 < R; r0 += rb) {
     int64_t m = DG_MIN(rb, R - r0);
     float *hb = h_whole ? h + r0 * F : h, *yb = y + r0 * O;
-    dg__sgemm(0, 1, m, F, C, 1.0f, x + r0 * C, C, w1, C, 0.0f, hb, F); /* x w1^T */
-    ew_job j = {.h = hb, .g = g, .b = b1, .F = F};
-    dg__parallel_range(m, row_grain(F), bias_gelu_task, &j);
-    dg__sgemm(0, 1, m, O, F, 1.0f, g, F, w2, F, 0.0f, yb, O); /* g w2^T */
-    if (b2) {
-      ew_job jb = {.y = yb, .b = b2, .F = O};
-      dg__parallel_range(m, row_grain(O), add_bias_task, &jb);
-    }
+    if (b1) fill_rows(hb, b1, m, F);
+    dg__sgemm(0, 1, m, F, C, 1.0f, x + r0 * C, C, w1, C, b1 ? 1.0f : 0.0f, hb, F); /* + x w1^T */
+    ew_job j = {.h = hb, .g = g, .F = F};
+    dg__parallel_range(m, row_grain(F), gelu_rows_task, &j);
+    if (b2) fill_rows(yb, b2, m, O);
+    dg__sgemm(0, 1, m, O, F, 1.0f, g, F, w2, F, b2 ? 1.0f : 0.0f, yb, O); /* + g w2^T */
   }
 }
 
@@ -211,10 +201,10 @@ dg_tensor *dg_mlp_gelu(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1, 
   if (!g) return NULL;
   if (F > 0) {
     mlp_fwd_rows(xp, w1p, b1p, w2p, b2p, h ? h->data : hs, h != NULL, g, y->data, R, C, F, O);
-  } else { /* no hidden units: y = b2 */
+  } else if (b2p) { /* no hidden units: y = b2 */
+    fill_rows(y->data, b2p, R, O);
+  } else {
     memset(y->data, 0, (size_t)(R * O) * sizeof(float));
-    ew_job jb = {.y = y->data, .b = b2p, .F = O};
-    if (b2p) add_bias_task(&jb, 0, R);
   }
   dg__scratch_give(ctx, g, bytes);
   if (hs) dg__scratch_give(ctx, hs, bytes);
