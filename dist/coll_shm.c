@@ -236,8 +236,13 @@ static int seg_open(dg_pg *pg, size_t len, agree_fn agree, void *arg, void **bas
     nonce = (int64_t)(((uint64_t)dg__now_ns() ^ (k << 40)) & INT64_MAX) | 1;
     seg_name(name, sizeof name, getpid(), (uint64_t)nonce);
     fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 || ftruncate(fd, (off_t)len) < 0) {
-      DG_LOGI("dist: rank 0: no shared-memory segment (%s): %s", name, strerror(errno));
+    /* reserve the pages now: a full /dev/shm must fail here, not raise
+     * SIGBUS at first touch */
+    int e = fd < 0 ? errno : ftruncate(fd, (off_t)len) < 0 ? errno
+                                                           : posix_fallocate(fd, 0, (off_t)len);
+    if (e) {
+      DG_LOGI("dist: rank 0: no shared-memory segment of %zu bytes (%s): %s", len, name,
+              strerror(e));
       if (fd >= 0) close(fd), shm_unlink(name);
       fd = -1;
       nonce = 0;
