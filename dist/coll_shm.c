@@ -289,6 +289,7 @@ int dg__shm_setup(dg_pg *pg, dg_coll *c) {
 
 typedef struct {
   uint32_t ready __attribute__((aligned(64))); /* bucket rounds whose gradients are final */
+  int32_t count; /* a value summed with the round (DDP's ranks-with-data) */
   uint32_t done __attribute__((aligned(64)));  /* rounds whose block this rank wrote */
   uint32_t sleepers __attribute__((aligned(64)));
 } grad_ctl;
@@ -358,14 +359,20 @@ static void grad_block(dg__shmgrad *s, size_t o, size_t n) {
   }
 }
 
-int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, size_t off, size_t count) {
+int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, size_t off, size_t count, int32_t *sum) {
   int W = c->size, r = c->rank, rc = DG_OK;
   uint32_t g = ++s->gen;
+  if (sum) s->ctl[r].count = *sum; /* read by peers before they are done */
   publish(&s->ctl[r].sleepers, &s->ctl[r].ready, g);
   for (int p = 0; p < W && rc == DG_OK; p++)
     if (p != r) rc = wait_word(c, p, &s->ctl[p].ready, &s->ctl[p].sleepers, g,
                                "finish its gradients");
   if (rc != DG_OK) return rc;
+  if (sum) {
+    int32_t t = 0;
+    for (int p = 0; p < W; p++) t += __atomic_load_n(&s->ctl[p].count, __ATOMIC_RELAXED);
+    *sum = t;
+  }
   size_t q = count / (size_t)W, rm = count % (size_t)W;
   size_t bo = (size_t)r * q + DG_MIN((size_t)r, rm), bn = q + ((size_t)r < rm);
   grad_block(s, off + bo, bn);

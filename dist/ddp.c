@@ -208,13 +208,13 @@ static int setup(dg_ddp *d) {
   if (!d->opts.first_bucket_bytes) d->opts.first_bucket_bytes = 1 * MiB;
   if (d->opts.hook) d->hook = *d->opts.hook;
   else dg__ddp_builtin_hook(d, &d->hook);
-  d->piggy = dg__ddp_can_piggy(d);
   d->pbucket = dg__malloc((size_t)d->nparams * sizeof *d->pbucket);
   d->order = dg__malloc((size_t)d->nparams * sizeof *d->order);
   if (!d->pbucket || !d->order) return dg__ddp_fail(d, DG_ENOMEM, "ddp_new: out of memory");
   int rc = dg__ddp_verify(d);
   if (!rc) rc = dg__ddp_broadcast_state(d, 0, 1);
   if (!rc) rc = lend_grads(d);
+  d->piggy = dg__ddp_can_piggy(d);
   if (!rc) rc = dg__ddp_build_buckets(d, 0);
   if (rc) return d->err ? d->err : dg__ddp_fail(d, rc, "ddp_new: %s", dg_strerror(rc));
   d->ready_id = dg_ctx_add_grad_ready_hook(d->ctx, on_ready, d);

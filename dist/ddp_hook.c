@@ -11,6 +11,8 @@ static int carries(const dg_ddp *d, const dg_ddp_bucket *b) { return d->piggy &&
 
 int dg__ddp_can_piggy(const dg_ddp *d) {
   if (d->opts.hook || d->opts.no_join) return 0;
+  /* shared gradients: the count rides in the segment's round, no staging */
+  if (d->shmg) return 1;
   /* through shared memory a separate 4-byte all-reduce costs microseconds,
    * less than staging bucket 0 */
   if (dg__pg_local_shm(d->pg)) return 0;
@@ -27,7 +29,10 @@ static int f32_start(void *state, dg_pg *pg, const dg_ddp_bucket *b, void **pend
   dg_ddp *d = state;
   dg_work *w = NULL;
   int rc;
-  if (carries(d, b)) { /* staged: (n + 1) floats, averaged like the rest */
+  if (d->shmg) {
+    rc = dg__pg_shmgrad_allreduce(pg, d->shmg, (size_t)(b->grad - d->shm_mine), b->n,
+                                  carries(d, b) ? &d->has_data : NULL, &w);
+  } else if (carries(d, b)) { /* staged: (n + 1) floats, averaged like the rest */
     if (d->stage_cap < b->n + 1) {
       float *p = dg__realloc(d->stage, (b->n + 1) * sizeof *p);
       if (!p) return DG_ENOMEM;
@@ -37,8 +42,6 @@ static int f32_start(void *state, dg_pg *pg, const dg_ddp_bucket *b, void **pend
     memcpy(d->stage, b->grad, b->n * sizeof *b->grad);
     d->stage[b->n] = (float)d->has_data;
     rc = dg_pg_allreduce(pg, d->stage, b->n + 1, DG_F32, DG_RED_AVG, &w);
-  } else if (d->shmg) {
-    rc = dg__pg_shmgrad_allreduce(pg, d->shmg, (size_t)(b->grad - d->shm_mine), b->n, &w);
   } else {
     rc = dg_pg_allreduce(pg, b->grad, b->n, DG_F32, DG_RED_AVG, &w);
   }
@@ -60,7 +63,7 @@ static int f32_finish(void *state, dg_pg *pg, const dg_ddp_bucket *b, void *pend
   dg_ddp *d = state;
   int rc = wait_work(d, pending);
   float f = scale * (float)b->world_size; /* the collective divided by world */
-  if (!rc && carries(d, b)) {
+  if (!rc && carries(d, b) && !d->shmg) {
     if (f != 1.0f)
       for (size_t i = 0; i < b->n; i++) b->grad[i] = d->stage[i] * f;
     else
@@ -78,6 +81,7 @@ int32_t dg__ddp_piggy_count(dg_ddp *d, void *pending) {
     dg_ddp_hook_error(d, dg_work_errmsg(w));
     return -1;
   }
+  if (d->shmg) return d->has_data; /* summed by the round */
   size_t n = dg_work_count(w) - 1; /* the count is the last element */
   double v;
   switch (d->opts.comm) {

@@ -151,10 +151,11 @@ typedef struct dg__shmgrad dg__shmgrad;
 int dg__shmgrad_new(dg_pg *pg, size_t nfloat, dg__shmgrad **out, float **mine);
 void dg__shmgrad_free(dg__shmgrad *s);
 /* Averages elements [off, off + count) over every rank's buffer (f32),
- * results in every buffer; queued like any collective. */
+ * results in every buffer; queued like any collective. With `sum`, *sum
+ * is replaced by its sum over ranks in the same round (DDP's Join count). */
 int dg__pg_shmgrad_allreduce(dg_pg *pg, dg__shmgrad *s, size_t off, size_t count,
-                             dg_work **w);
-int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, size_t off, size_t count);
+                             int32_t *sum, dg_work **w);
+int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, size_t off, size_t count, int32_t *sum);
 int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_dtype dt,
                        dg_redop op);
 
