@@ -7,7 +7,9 @@ ratios as JSON lines ("summary": ...).
         [--part scaling|sweep|overlap|all] [--steps 200]
 
 scaling: per round, dgrad 1 rank without DDP, dgrad DDP on 1 rank, dgrad DDP
-         on 2 ranks (1 thread each), torch 1 rank without DDP, torch DDP
+         on 2 ranks (1 thread each; also without the Join count, over UCX
+         (DG_BACKEND=ucx) and without the shared-memory segment (DG_SHM=0:
+         private gradients, CMA all-reduce)), torch 1 rank without DDP, torch DDP
          (gloo) on 2 ranks; scaling efficiency = samples/s(2 ranks) /
          (2 * samples/s(1 rank, no DDP)), same implementation.
 sweep:   dgrad DDP on 2 ranks with bucket caps 1, 2, 5, 10, 25, 50, 100 MiB
@@ -59,18 +61,22 @@ def scaling(a, exe):
         "dgrad_1_ddp": [exe, "--ddp", "1"] + st,
         "dgrad_2_ddp": [exe, "--nproc", "2"] + st,
         "dgrad_2_ddp_nojoin": [exe, "--nproc", "2", "--no-join"] + st,
+        "dgrad_2_ddp_ucx": ([exe, "--nproc", "2"] + st, {"DG_BACKEND": "ucx"}),
+        "dgrad_2_ddp_noshm": ([exe, "--nproc", "2"] + st, {"DG_SHM": "0"}),
         "torch_1_noddp": [TORCH_PY, os.path.join(HERE, "ddp_mlp_torch.py"), "--ddp", "0"] + st,
         "torch_2_ddp": [TORCH_PY, os.path.join(HERE, "ddp_mlp_torch.py"), "--nproc", "2"] + st,
     }
     res = {k: [] for k in cases}
     for _ in range(a.runs):
         for k, c in cases.items():
-            res[k].append(run(c))
+            res[k].append(run(*c) if isinstance(c, tuple) else run(c))
     m = {k: med(v, "samples_per_s") for k, v in res.items()}
     ms = {k: med(v, "step_ms") for k, v in res.items()}
     summary({"part": "scaling", "runs": a.runs, "median_samples_per_s": m, "median_step_ms": ms,
              "dgrad_scaling_eff": m["dgrad_2_ddp"] / (2 * m["dgrad_1_noddp"]),
              "dgrad_scaling_eff_nojoin": m["dgrad_2_ddp_nojoin"] / (2 * m["dgrad_1_noddp"]),
+             "dgrad_scaling_eff_ucx": m["dgrad_2_ddp_ucx"] / (2 * m["dgrad_1_noddp"]),
+             "dgrad_scaling_eff_noshm": m["dgrad_2_ddp_noshm"] / (2 * m["dgrad_1_noddp"]),
              "torch_scaling_eff": m["torch_2_ddp"] / (2 * m["torch_1_noddp"]),
              "dgrad_over_torch_ddp": m["dgrad_2_ddp"] / m["torch_2_ddp"],
              "ddp_1rank_overhead": ms["dgrad_1_ddp"] / ms["dgrad_1_noddp"] - 1})

@@ -12,10 +12,11 @@ bytes / t * 2 (W - 1) / W; then ratio lines.
 
 Rank program: bench/dist/bench_allreduce.c (built here as
 bench_allreduce_ucx), the backend taken from DG_BACKEND. Its "auto" is what a
-user gets: recursive doubling up to 64 KiB, then dgrad's cross-memory-attach
-allreduce among ranks on one host (the transport only carries its three
-small synchronisation rounds); "direct" and "ring" move every byte through
-the transport.
+user gets: among ranks on one host, dgrad's shared-memory segment
+(coll_shm.c: no transport messages at all, whichever backend); "cma" is the
+earlier cross-memory-attach path (the transport carries three small
+synchronisation rounds); "direct" and "ring" move every byte through the
+transport (UCX's own shared-memory lanes for dgrad-ucx-sm).
 """
 import argparse
 import json
@@ -34,9 +35,9 @@ PYTHON = "/usr/bin/python3"
 
 # name: (extra environment, algorithms); None = torch gloo
 CONFIGS = {
-    "dgrad-ucx-sm": ({"DG_BACKEND": "ucx"}, "auto,direct,ring"),
+    "dgrad-ucx-sm": ({"DG_BACKEND": "ucx"}, "auto,cma,direct,ring"),
     "dgrad-ucx-tcp": ({"DG_BACKEND": "ucx", "UCX_TLS": "tcp"}, "auto,direct,ring"),
-    "dgrad-tcp": ({"DG_BACKEND": "tcp"}, "auto,direct,ring"),
+    "dgrad-tcp": ({"DG_BACKEND": "tcp"}, "auto,cma,direct,ring"),
     "torch-gloo": None,
 }
 
