@@ -120,7 +120,9 @@ def overlap(a, exe):
                  "comm_ms": med(o + n, "comm_ms"),
                  "step_ms_overlap": med(o, "step_ms"), "step_ms_no_overlap": med(n, "step_ms"),
                  "wait_ms_overlap": med(o, "wait_ms"), "wait_ms_no_overlap": med(n, "wait_ms"),
+                 "forward_ms": med(o + n, "forward_ms"),
                  "overlap_step_over_max": med(o, "step_over_max"),
+                 "overlap_step_over_fwd_plus_max": med(o, "step_over_fwd_plus_max"),
                  "no_overlap_step_over_sum": med(n, "step_over_sum")})
 
 
