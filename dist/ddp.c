@@ -1,6 +1,8 @@
 /* DDP: construction, the grad-ready and backward-end hooks that drive the
  * bucket all-reduces, accumulation / no-sync, Join, accessors. */
+#include <sched.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -185,6 +187,14 @@ static int lend_grads(dg_ddp *d) {
   int rc = dg__shmgrad_new(d->pg, n, &d->shmg, &d->shm_mine);
   if (rc) return dg__ddp_fail(d, rc, "ddp_new: rank %d: setting up the shared gradient "
                               "buffers failed: %s", d->rank, dg_pg_errmsg(d->pg));
+  /* The averaging is CPU work: a background thread overlaps it with
+   * backward only if a core is free for it; otherwise it only adds thread
+   * hand-offs (measured: bench/ddp, 2 ranks on 2 cores). */
+  cpu_set_t cs;
+  int ncpu = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 1;
+  d->shm_inline = ncpu < dg_pg_local_size(d->pg) * (dg_get_num_threads() + 1);
+  const char *e = getenv("DG_DDP_SHM_INLINE"); /* "0"/"1": force (benchmarks) */
+  if (e && (*e == '0' || *e == '1')) d->shm_inline = *e == '1';
   if (d->shmg && (rc = dg__params_lend_grad(d->ps, d->shm_mine)) != DG_OK) {
     /* only ENOMEM-free paths reach here: lending an external buffer cannot fail */
     dg__shmgrad_free(d->shmg);

@@ -31,7 +31,7 @@ static int f32_start(void *state, dg_pg *pg, const dg_ddp_bucket *b, void **pend
   int rc;
   if (d->shmg) {
     rc = dg__pg_shmgrad_allreduce(pg, d->shmg, (size_t)(b->grad - d->shm_mine), b->n,
-                                  carries(d, b) ? &d->has_data : NULL, &w);
+                                  carries(d, b) ? &d->has_data : NULL, d->shm_inline, &w);
   } else if (carries(d, b)) { /* staged: (n + 1) floats, averaged like the rest */
     if (d->stage_cap < b->n + 1) {
       float *p = dg__realloc(d->stage, (b->n + 1) * sizeof *p);

@@ -53,6 +53,7 @@ struct dg_ddp {
    * lives in one shared segment and buckets are averaged in place there */
   struct dg__shmgrad *shmg;
   float *shm_mine;    /* this rank's buffer in it (the store's gradients) */
+  int shm_inline;     /* no spare core: averaged by backward-end's own thread */
   /* built-in compression: per-bucket half buffers */
   uint16_t **half;
   size_t *half_cap;

@@ -36,6 +36,7 @@ struct dg_work {
   void *buf;
   void *seg;  /* DG_W_SHMGRAD: the segment; `off`: first element */
   size_t off;
+  int caller_runs; /* run by the thread that waits for it, never the worker */
   const void *in;
   void *out;
   size_t count;
@@ -152,9 +153,12 @@ int dg__shmgrad_new(dg_pg *pg, size_t nfloat, dg__shmgrad **out, float **mine);
 void dg__shmgrad_free(dg__shmgrad *s);
 /* Averages elements [off, off + count) over every rank's buffer (f32),
  * results in every buffer; queued like any collective. With `sum`, *sum
- * is replaced by its sum over ranks in the same round (DDP's Join count). */
+ * is replaced by its sum over ranks in the same round (DDP's Join count).
+ * With `caller_runs` the group's worker leaves it to dg_work_wait's caller
+ * (a waiter on any later work runs it too): for ranks with no spare core,
+ * where a background thread only adds hand-offs. */
 int dg__pg_shmgrad_allreduce(dg_pg *pg, dg__shmgrad *s, size_t off, size_t count,
-                             int32_t *sum, dg_work **w);
+                             int32_t *sum, int caller_runs, dg_work **w);
 int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, size_t off, size_t count, int32_t *sum);
 int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_dtype dt,
                        dg_redop op);

@@ -187,7 +187,9 @@ static void *worker_main(void *arg) {
   dg_pg *pg = arg;
   pthread_mutex_lock(&pg->mu);
   for (;;) {
-    while ((!pg->qhead || pg->busy) && !(pg->stop && !pg->busy && !pg->qhead))
+    /* a caller-run work at the head waits for its caller (but not a stop) */
+    while ((!pg->qhead || pg->busy || (pg->qhead->caller_runs && !pg->stop)) &&
+           !(pg->stop && !pg->busy && !pg->qhead))
       pthread_cond_wait(&pg->qcv, &pg->mu);
     if (!pg->qhead) break;
     run_locked(pg);
@@ -258,11 +260,12 @@ int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op
 }
 
 int dg__pg_shmgrad_allreduce(dg_pg *pg, dg__shmgrad *s, size_t off, size_t count,
-                             int32_t *sum, dg_work **w) {
+                             int32_t *sum, int caller_runs, dg_work **w) {
   *w = NULL;
   dg_work *k = new_work(pg, DG_W_SHMGRAD, DG_F32);
   if (!k) return DG_ENOMEM;
   k->seg = s;
+  k->caller_runs = caller_runs;
   k->off = off;
   k->out = sum;
   k->count = count;
@@ -387,6 +390,10 @@ int dg_work_wait(dg_work *w, int timeout_ms) {
   if (timeout_ms <= 0 && w->status == DG_XOP_PENDING && pg->qhead == w && !pg->busy)
     run_locked(pg);
   while (w->status == DG_XOP_PENDING) {
+    if (pg->qhead && pg->qhead->caller_runs && !pg->busy) { /* only a caller runs those */
+      run_locked(pg);
+      continue;
+    }
     int64_t left = until - dg__now_ms();
     if (left <= 0) break;
     struct timespec ts;
