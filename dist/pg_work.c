@@ -180,7 +180,8 @@ static void run_locked(dg_pg *pg) {
   if (rc != DG_OK && !pg->err[0]) snprintf(pg->err, sizeof pg->err, "%s", w->err);
   __atomic_store_n(&w->status, rc, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&pg->dcv);
-  pthread_cond_broadcast(&pg->qcv);
+  /* wake the worker only for work it may run (a wake-up costs a switch) */
+  if (pg->stop || (pg->qhead && !pg->qhead->caller_runs)) pthread_cond_broadcast(&pg->qcv);
 }
 
 static void *worker_main(void *arg) {
@@ -241,7 +242,7 @@ static int enqueue(dg_pg *pg, dg_work *w, dg_work **out) {
   if (pg->qtail) pg->qtail->next = w;
   else pg->qhead = w;
   pg->qtail = w;
-  pthread_cond_signal(&pg->qcv);
+  if (!w->caller_runs) pthread_cond_signal(&pg->qcv); /* else nothing for the worker */
   pthread_mutex_unlock(&pg->mu);
   *out = w;
   return DG_OK;
