@@ -39,7 +39,8 @@ static dg_tensor *attn_unfused(dg_ctx *ctx, dg_tensor *qkv, int64_t B, int64_t T
   return dg_reshape(ctx, dg_contiguous(ctx, y), 3, s3);
 }
 
-static dg_tensor *attn_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
+/* x (B, T, C) -> the heads' output (B, T, C), before c_proj. */
+static dg_tensor *attn_heads(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   attn_m *a = (attn_m *)m;
   if (!x) return NULL;
   if (x->ndim != 3 || x->shape[2] != a->dim) {
@@ -52,11 +53,26 @@ static dg_tensor *attn_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   int drop = a->dropout > 0 && m->train && dg_ctx_is_train(ctx);
   dg_tensor *qkv = dg_module_forward(m->children[0], ctx, x); /* (B, T, 3C) */
   if (!qkv) return NULL;
-  dg_tensor *y = drop ? attn_unfused(ctx, qkv, B, T, C, a->heads, a->dropout)
-                      : dg_attention(ctx, qkv, a->heads, 1, 1.0f / sqrtf((float)hd)); /* (B, T, C) */
-  y = dg_module_forward(m->children[1], ctx, y);
+  return drop ? attn_unfused(ctx, qkv, B, T, C, a->heads, a->dropout)
+              : dg_attention(ctx, qkv, a->heads, 1, 1.0f / sqrtf((float)hd)); /* (B, T, C) */
+}
+
+static dg_tensor *attn_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
+  attn_m *a = (attn_m *)m;
+  dg_tensor *y = dg_module_forward(m->children[1], ctx, attn_heads(m, ctx, x));
   if (a->dropout > 0 && m->train) y = dg_dropout(ctx, y, a->dropout);
   return y;
+}
+
+/* res + attn(x): without output dropout, c_proj and the residual add are
+ * one dg_linear_add. */
+static dg_tensor *attn_residual(dg_module *m, dg_ctx *ctx, dg_tensor *x, dg_tensor *res) {
+  attn_m *a = (attn_m *)m;
+  dg_tensor *w, *b;
+  if ((a->dropout > 0 && m->train) || !dg__linear_weights(m->children[1], &w, &b))
+    return dg_add(ctx, res, attn_fwd(m, ctx, x));
+  dg_tensor *y = attn_heads(m, ctx, x);
+  return y ? dg_linear_add(ctx, y, w, b, res) : NULL;
 }
 
 static const dg_module_vtable attn_vt = {"CausalSelfAttention", attn_fwd, dg__children_bind,
@@ -99,16 +115,17 @@ typedef struct {
 static dg_tensor *block_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   block_m *b = (block_m *)m;
   dg_module **c = m->children;
-  dg_tensor *h = dg_module_forward(c[1], ctx, dg_module_forward(c[0], ctx, x));
-  x = dg_add(ctx, x, h);
-  h = dg_module_forward(c[2], ctx, x);
+  x = attn_residual(c[1], ctx, dg_module_forward(c[0], ctx, x), x);
+  dg_tensor *h = dg_module_forward(c[2], ctx, x);
   dg_tensor *w1, *b1, *w2, *b2;
-  if (dg__linear_weights(c[3], &w1, &b1) && dg__linear_weights(c[4], &w2, &b2))
-    h = dg_mlp_gelu(ctx, h, w1, b1, w2, b2); /* keeps one (B, T, 4C) activation, not two */
-  else /* unbound: the modules report it */
+  int drop = b->dropout > 0 && m->train;
+  if (!dg__linear_weights(c[3], &w1, &b1) || !dg__linear_weights(c[4], &w2, &b2)) {
     h = dg_module_forward(c[4], ctx, dg_gelu(ctx, dg_module_forward(c[3], ctx, h)));
-  if (b->dropout > 0 && m->train) h = dg_dropout(ctx, h, b->dropout);
-  return dg_add(ctx, x, h);
+    return dg_add(ctx, x, h); /* unbound: the modules report it */
+  }
+  /* one (B, T, 4C) activation kept, not two; the residual add fused in */
+  if (!drop) return dg_mlp_gelu_add(ctx, h, w1, b1, w2, b2, x);
+  return dg_add(ctx, x, dg_dropout(ctx, dg_mlp_gelu(ctx, h, w1, b1, w2, b2), b->dropout));
 }
 
 static const dg_module_vtable block_vt = {"TransformerBlock", block_fwd, dg__children_bind,

@@ -65,7 +65,7 @@ void dg__arena_free(dg_arena *a);
 
 /* ---- autograd node ---- */
 
-#define DG_NODE_MAX_IN 5
+#define DG_NODE_MAX_IN 6
 #define DG_NODE_MAX_SAVED 4
 
 typedef struct dg_node dg_node;

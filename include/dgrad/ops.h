@@ -27,6 +27,10 @@ dg_tensor *dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b);
 dg_tensor *dg_matmul_t(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, int ta, int tb);
 /* x (..., in) @ w(out, in)^T + b(out) -> (..., out); b may be NULL. */
 dg_tensor *dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b);
+/* res + x @ w^T + b, res of the output's shape: a linear layer and the
+ * residual add after it as one op (the sum is written once, and neither the
+ * linear's own output nor a copy of the gradient is kept). */
+dg_tensor *dg_linear_add(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b, dg_tensor *res);
 
 /* ---- element-wise binary, broadcasting (numpy rules, up to 4 dims) ---- */
 dg_tensor *dg_add(dg_ctx *ctx, dg_tensor *a, dg_tensor *b);
@@ -102,6 +106,10 @@ dg_tensor *dg_attention(dg_ctx *ctx, dg_tensor *qkv, int heads, int causal, floa
  * lives in per-block scratch and backward recomputes it. */
 dg_tensor *dg_mlp_gelu(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1, dg_tensor *w2,
                        dg_tensor *b2);
+/* res + dg_mlp_gelu(x, ...), res of the output's shape: the transformer
+ * block's residual add fused in (written once, no extra gradient copy). */
+dg_tensor *dg_mlp_gelu_add(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1,
+                           dg_tensor *w2, dg_tensor *b2, dg_tensor *res);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,11 @@ void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, con
 
 /* db(O) (+)= column sums of dy(R, O); overwrite: store, do not add. */
 void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite);
+/* y (R, O) = res + b per row, before a GEMM accumulates (beta 1); res or b
+ * may be NULL (both: nothing is written). Split over the pool. */
+void dg__fill_rows(float *y, const float *res, const float *b, int64_t R, int64_t O);
+/* d (n) = s, or += s when acc: a gradient passed through. Split over the pool. */
+void dg__grad_pass(float *d, const float *s, int64_t n, int acc);
 
 /* ---- runtime-dispatched SIMD for element-wise kernels ----
  *

@@ -229,6 +229,63 @@ static void bias_task(void *arg, int64_t lo, int64_t hi) {
     memcpy(y + k * j->O, y, (size_t)(DG_MIN(k, n - k) * j->O) * sizeof(float));
 }
 
+/* d[lo, hi) (+)= s: the residual's gradient of dg_linear_add. */
+typedef struct {
+  float *d;
+  const float *s;
+  int acc;
+} add_job;
+
+DG_INLINE void acc_rows_body(float *restrict d, const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] += s[i];
+}
+DG_SIMD_FN(acc_rows, (float *d, const float *s, int64_t n), (d, s, n))
+
+static void add_task(void *arg, int64_t lo, int64_t hi) {
+  const add_job *j = arg;
+  if (j->acc) acc_rows(j->d + lo, j->s + lo, hi - lo);
+  else memcpy(j->d + lo, j->s + lo, (size_t)(hi - lo) * sizeof(float));
+}
+
+/* y rows [lo, hi) = res + b: the residual and bias of dg_linear_add in one
+ * pass, before the GEMM accumulates. */
+typedef struct {
+  const float *b, *res; /* (O) or NULL, (R, O) */
+  float *y;             /* (R, O) */
+  int64_t O;
+} res_job;
+
+DG_INLINE void res_bias_body(float *restrict y, const float *restrict r, const float *restrict b,
+                             int64_t rows, int64_t O) {
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t o = 0; o < O; o++) y[i * O + o] = r[i * O + o] + b[o];
+}
+DG_SIMD_FN(res_bias, (float *y, const float *r, const float *b, int64_t rows, int64_t O),
+           (y, r, b, rows, O))
+
+static void res_task(void *arg, int64_t lo, int64_t hi) {
+  const res_job *j = arg;
+  if (j->b) res_bias(j->y + lo * j->O, j->res + lo * j->O, j->b, hi - lo, j->O);
+  else memcpy(j->y + lo * j->O, j->res + lo * j->O, (size_t)((hi - lo) * j->O) * sizeof(float));
+}
+
+void dg__fill_rows(float *y, const float *res, const float *b, int64_t R, int64_t O) {
+  if (R <= 0 || O <= 0 || (!res && !b)) return;
+  int64_t grain = DG_MAX((int64_t)1, DG_GRAIN_MEM / O);
+  if (res) {
+    res_job rj = {b, res, y, O};
+    dg__parallel_range(R, grain, res_task, &rj);
+  } else {
+    bias_job bj = {b, y, O};
+    dg__parallel_range(R, grain, bias_task, &bj);
+  }
+}
+
+void dg__grad_pass(float *d, const float *s, int64_t n, int acc) {
+  add_job aj = {d, s, acc};
+  dg__parallel_range(n, DG_GRAIN_MEM, add_task, &aj);
+}
+
 static int linear_backward(dg_ctx *ctx, dg_node *n) {
   dg_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
   dg_tensor *sx = dg__saved(ctx, n, 0), *sw = dg__saved(ctx, n, 1);
@@ -251,10 +308,17 @@ static int linear_backward(dg_ctx *ctx, dg_node *n) {
   if (dw) /* dy^T(O,R) x(R,I) */
     dg__sgemm(1, 0, O, I, R, 1.0f, dy, O, xp, ldx, ow ? 0.0f : 1.0f, dw, I);
   if (db) colsum(db, dy, R, O, ob);
+  if (n->nin > 3) { /* dg_linear_add: the residual's gradient is dy */
+    int orr;
+    float *dr = dg__grad_buf_w(ctx, n->in[3], &orr); /* (R, O) */
+    if (ctx->err) return ctx->err;
+    if (dr) dg__grad_pass(dr, dy, R * O, !orr);
+  }
   return DG_OK;
 }
 
-dg_tensor *dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b) {
+static dg_tensor *linear_impl(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b,
+                              dg_tensor *res) {
   if (!ctx || dg__null_input(ctx, "linear", "x", x) || dg__null_input(ctx, "linear", "w", w))
     return NULL;
   if (!dg__check_f32(ctx, "linear", "x", x) || !dg__check_f32(ctx, "linear", "w", w) ||
@@ -282,17 +346,32 @@ dg_tensor *dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b) {
   if (!xp || mat_of(ctx, "linear", w, 1, &W)) return NULL; /* (O, I) */
   if (!ldx) ldx = I;
   float *yp = y->data; /* (R, O) */
-  if (b && R > 0 && O > 0) {
-    bias_job bj = {dg__contig_data(ctx, "linear", b), yp, O};
-    if (!bj.b) return NULL;
-    dg__parallel_range(R, DG_MAX((int64_t)1, DG_GRAIN_MEM / O), bias_task, &bj);
+  if (res && !dg__same_shape(res, y)) {
+    char sr[96], sy[96];
+    dg__set_error(ctx, DG_ESHAPE, "linear_add: residual %s, want the output's shape %s",
+                  dg__shape_str(res, sr, sizeof sr), dg__shape_str(y, sy, sizeof sy));
+    return NULL;
   }
-  dg__sgemm(0, !W.colmajor, R, O, I, 1.0f, xp, ldx, W.p, W.ld, b ? 1.0f : 0.0f, yp, O);
-  dg_tensor *in[3] = {x, w, b};
-  if (dg__needs_grad(ctx, 3, in)) {
-    dg_node *n = dg__record(ctx, "linear", linear_backward, y, b ? 3 : 2, in);
+  const float *bp = b ? dg__contig_data(ctx, "linear", b) : NULL;
+  const float *rp = res ? dg__contig_data(ctx, "linear", res) : NULL;
+  if ((b && !bp) || (res && !rp)) return NULL;
+  dg__fill_rows(yp, rp, bp, R, O);
+  dg__sgemm(0, !W.colmajor, R, O, I, 1.0f, xp, ldx, W.p, W.ld, b || res ? 1.0f : 0.0f, yp, O);
+  dg_tensor *in[4] = {x, w, b, res};
+  if (dg__needs_grad(ctx, res ? 4 : 3, in)) {
+    dg_node *n = dg__record(ctx, "linear", linear_backward, y, res ? 4 : b ? 3 : 2, in);
     if (!n || dg__save(ctx, n, x) || dg__save(ctx, n, w)) return NULL;
     n->i[0] = R, n->i[1] = I, n->i[2] = O;
   }
   return y;
+}
+
+dg_tensor *dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b) {
+  return linear_impl(ctx, x, w, b, NULL);
+}
+
+dg_tensor *dg_linear_add(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b, dg_tensor *res) {
+  if (ctx && dg__null_input(ctx, "linear_add", "res", res)) return NULL;
+  if (ctx && !dg__check_f32(ctx, "linear_add", "res", res)) return NULL;
+  return linear_impl(ctx, x, w, b, res);
 }

@@ -45,16 +45,6 @@ DG_INLINE void gelu_bwd_body(const float *restrict h, float *restrict a, float *
 DG_SIMD_FN(gelu_bwd, (const float *h, float *a, float *g, int64_t lo, int64_t hi),
            (h, a, g, lo, hi))
 
-/* y (m, O) = b in every row: one row copied, then doubled (a few memcpy
- * calls). The GEMM then accumulates onto it (beta 1): OpenBLAS would clear
- * C for beta 0 anyway, so the bias costs no pass of its own. */
-static void fill_rows(float *y, const float *b, int64_t m, int64_t O) {
-  if (m <= 0) return;
-  memcpy(y, b, (size_t)O * sizeof(float));
-  for (int64_t k = 1; k < m; k *= 2) /* rows [k, 2k) from rows [0, k) */
-    memcpy(y + k * O, y, (size_t)(DG_MIN(k, m - k) * O) * sizeof(float));
-}
-
 typedef struct {
   float *h, *g, *a;
   int64_t F;
@@ -121,6 +111,12 @@ static int mlp_backward(dg_ctx *ctx, dg_node *n) {
   float *db2 = dg__grad_buf_w(ctx, n->in[4], &ob2);
   if (ctx->err) return ctx->err;
   if (db2) dg__colsum(db2, p.dy, p.R, p.O, ob2);
+  if (n->nin > 5) { /* dg_mlp_gelu_add: the residual's gradient is dy */
+    int orr;
+    float *dr = dg__grad_buf_w(ctx, n->in[5], &orr);
+    if (ctx->err) return ctx->err;
+    if (dr) dg__grad_pass(dr, p.dy, p.R * p.O, !orr);
+  }
   if (!p.dx && !p.dw1 && !p.db1 && !p.dw2) return DG_OK;
   int64_t rb = DG_MIN(block_rows(p.F), p.R);
   size_t bytes = (size_t)(rb * p.F) * sizeof(float);
@@ -148,7 +144,8 @@ static int mlp_check(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1, dg
       (b2 && (b2->ndim != 1 || b2->shape[0] != w2->shape[0]))) {
     char s[5][96];
     return dg__set_error(ctx, DG_ESHAPE,
-                         "mlp_gelu: x %s, w1 %s (want (F, %lld)), b1 %s, w2 %s (want (O, F)), b2 %s",
+                         "mlp_gelu: x %s, w1 %s (want (F, %lld)), b1 %s, w2 %s (want (O, F)), "
+                         "b2 %s",
                          dg__shape_str(x, s[0], 96), dg__shape_str(w1, s[1], 96), (long long)C,
                          b1 ? dg__shape_str(b1, s[2], 96) : "none",
                          dg__shape_str(w2, s[3], 96), b2 ? dg__shape_str(b2, s[4], 96) : "none");
@@ -159,23 +156,23 @@ static int mlp_check(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1, dg
 /* Forward over row blocks; h (R, F) is written whole when saved, else
  * block by block into scratch. */
 static void mlp_fwd_rows(const float *x, const float *w1, const float *b1, const float *w2,
-                         const float *b2, float *h, int h_whole, float *g, float *y, int64_t R,
-                         int64_t C, int64_t F, int64_t O) {
+                         const float *b2, const float *res, float *h, int h_whole, float *g,
+                         float *y, int64_t R, int64_t C, int64_t F, int64_t O) {
   int64_t rb = block_rows(F);
   for (int64_t r0 = 0; r0 < R; r0 += rb) {
     int64_t m = DG_MIN(rb, R - r0);
     float *hb = h_whole ? h + r0 * F : h, *yb = y + r0 * O;
-    if (b1) fill_rows(hb, b1, m, F);
+    dg__fill_rows(hb, NULL, b1, m, F);
     dg__sgemm(0, 1, m, F, C, 1.0f, x + r0 * C, C, w1, C, b1 ? 1.0f : 0.0f, hb, F); /* + x w1^T */
     ew_job j = {.h = hb, .g = g, .F = F};
     dg__parallel_range(m, row_grain(F), gelu_rows_task, &j);
-    if (b2) fill_rows(yb, b2, m, O);
-    dg__sgemm(0, 1, m, O, F, 1.0f, g, F, w2, F, b2 ? 1.0f : 0.0f, yb, O); /* + g w2^T */
+    dg__fill_rows(yb, res ? res + r0 * O : NULL, b2, m, O);
+    dg__sgemm(0, 1, m, O, F, 1.0f, g, F, w2, F, b2 || res ? 1.0f : 0.0f, yb, O); /* + g w2^T */
   }
 }
 
-dg_tensor *dg_mlp_gelu(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1, dg_tensor *w2,
-                       dg_tensor *b2) {
+static dg_tensor *mlp_impl(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1,
+                           dg_tensor *w2, dg_tensor *b2, dg_tensor *res) {
   const char *op = "mlp_gelu";
   if (!ctx || mlp_check(ctx, x, w1, b1, w2, b2)) return NULL;
   int64_t C = x->shape[x->ndim - 1], F = w1->shape[0], O = w2->shape[0];
@@ -186,13 +183,21 @@ dg_tensor *dg_mlp_gelu(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1, 
   shape[x->ndim - 1] = O;
   dg_tensor *y = dg__new(ctx, op, DG_F32, x->ndim, shape);
   if (!y) return NULL;
+  if (res && !dg__same_shape(res, y)) {
+    char sr[96], sy[96];
+    dg__set_error(ctx, DG_ESHAPE, "mlp_gelu_add: residual %s, want the output's shape %s",
+                  dg__shape_str(res, sr, sizeof sr), dg__shape_str(y, sy, sizeof sy));
+    return NULL;
+  }
+  const float *rp = res ? dg__contig_data(ctx, op, res) : NULL;
+  if (res && !rp) return NULL;
   const float *xp = dg__contig_data(ctx, op, x), *w1p = dg__contig_data(ctx, op, w1);
   const float *w2p = dg__contig_data(ctx, op, w2);
   const float *b1p = b1 ? dg__contig_data(ctx, op, b1) : NULL;
   const float *b2p = b2 ? dg__contig_data(ctx, op, b2) : NULL;
   if (!xp || !w1p || !w2p || (b1 && !b1p) || (b2 && !b2p)) return NULL;
-  dg_tensor *in[5] = {x, w1, b1, w2, b2};
-  int grad = dg__needs_grad(ctx, 5, in);
+  dg_tensor *in[6] = {x, w1, b1, w2, b2, res};
+  int grad = dg__needs_grad(ctx, 6, in);
   int64_t hshape[2] = {R, F}, rb = DG_MIN(block_rows(F), R);
   size_t bytes = (size_t)(DG_MAX(rb, (int64_t)1) * F) * sizeof(float);
   dg_tensor *h = grad ? dg__new(ctx, op, DG_F32, 2, hshape) : NULL;
@@ -200,20 +205,34 @@ dg_tensor *dg_mlp_gelu(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1, 
   float *g = (h || hs) ? dg__scratch_take(ctx, bytes) : NULL;
   if (!g) return NULL;
   if (F > 0) {
-    mlp_fwd_rows(xp, w1p, b1p, w2p, b2p, h ? h->data : hs, h != NULL, g, y->data, R, C, F, O);
-  } else if (b2p) { /* no hidden units: y = b2 */
-    fill_rows(y->data, b2p, R, O);
+    mlp_fwd_rows(xp, w1p, b1p, w2p, b2p, rp, h ? h->data : hs, h != NULL, g, y->data, R, C, F,
+                 O);
+  } else if (b2p || rp) { /* no hidden units: y = res + b2 */
+    dg__fill_rows(y->data, rp, b2p, R, O);
   } else {
     memset(y->data, 0, (size_t)(R * O) * sizeof(float));
   }
   dg__scratch_give(ctx, g, bytes);
   if (hs) dg__scratch_give(ctx, hs, bytes);
   if (grad) {
-    dg_node *n = dg__record(ctx, op, mlp_backward, y, 5, in);
+    dg_node *n = dg__record(ctx, op, mlp_backward, y, res ? 6 : 5, in);
     if (!n || dg__save(ctx, n, x) || dg__save(ctx, n, w1) || dg__save(ctx, n, w2) ||
         dg__save(ctx, n, h))
       return NULL;
     n->i[0] = R, n->i[1] = C, n->i[2] = F, n->i[3] = O;
   }
   return y;
+}
+
+dg_tensor *dg_mlp_gelu(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1, dg_tensor *w2,
+                       dg_tensor *b2) {
+  return mlp_impl(ctx, x, w1, b1, w2, b2, NULL);
+}
+
+dg_tensor *dg_mlp_gelu_add(dg_ctx *ctx, dg_tensor *x, dg_tensor *w1, dg_tensor *b1,
+                           dg_tensor *w2, dg_tensor *b2, dg_tensor *res) {
+  if (ctx && (dg__null_input(ctx, "mlp_gelu_add", "res", res) ||
+              !dg__check_f32(ctx, "mlp_gelu_add", "res", res)))
+    return NULL;
+  return mlp_impl(ctx, x, w1, b1, w2, b2, res);
 }

@@ -3,7 +3,8 @@
  * blocks; equality with the unfused dg_linear / dg_gelu / dg_linear
  * composition forward and backward on 1 and 2 threads (the blocked weight
  * gradients accumulate across blocks); gradient accumulation into
- * gradients written earlier; eval mode; errors. */
+ * gradients written earlier; eval mode; errors. Also the residual forms
+ * dg_mlp_gelu_add and dg_linear_add against res + the plain op. */
 #include "gradcheck.h"
 #include "test.h"
 
@@ -30,6 +31,30 @@ static dg_tensor *f_twice(dg_ctx *ctx, dg_tensor **in, void *u) {
   return dg_add(ctx, f_fused(ctx, in, u), dg_scale(ctx, f_fused(ctx, in, u), 0.5f));
 }
 
+/* in[5] = res (R, O) */
+static dg_tensor *f_fused_add(dg_ctx *ctx, dg_tensor **in, void *u) {
+  mlp_case *c = u;
+  return dg_mlp_gelu_add(ctx, in[0], in[1], c->bias ? in[3] : NULL, in[2],
+                         c->bias ? in[4] : NULL, in[5]);
+}
+static dg_tensor *f_unfused_add(dg_ctx *ctx, dg_tensor **in, void *u) {
+  return dg_add(ctx, in[5], f_unfused(ctx, in, u));
+}
+/* res used twice: the fused node's residual gradient accumulates */
+static dg_tensor *f_fused_add_twice(dg_ctx *ctx, dg_tensor **in, void *u) {
+  return dg_mul(ctx, f_fused_add(ctx, in, u), in[5]);
+}
+/* dg_linear_add: in[0] x (R, C), in[1] w (F, C), in[3] b (F), in[6] res (R, F) */
+static dg_tensor *f_linear_add(dg_ctx *ctx, dg_tensor **in, void *u) {
+  mlp_case *c = u;
+  return dg_mul(ctx, dg_linear_add(ctx, in[0], in[1], c->bias ? in[3] : NULL, in[6]), in[6]);
+}
+static dg_tensor *f_linear_add_ref(dg_ctx *ctx, dg_tensor **in, void *u) {
+  mlp_case *c = u;
+  return dg_mul(ctx, dg_add(ctx, in[6], dg_linear(ctx, in[0], in[1], c->bias ? in[3] : NULL)),
+                in[6]);
+}
+
 static int make_inputs(const mlp_case *c, dg_tensor **in, uint64_t seed) {
   int64_t sx[2] = {c->R, c->C}, s1[2] = {c->F, c->C}, s2[2] = {c->O, c->F};
   in[0] = gc_input(2, sx, -2.0f, 2.0f, seed);
@@ -37,11 +62,20 @@ static int make_inputs(const mlp_case *c, dg_tensor **in, uint64_t seed) {
   in[2] = gc_input(2, s2, -1.0f, 1.0f, seed + 2);
   in[3] = gc_input(1, &c->F, -1.0f, 1.0f, seed + 3);
   in[4] = gc_input(1, &c->O, -1.0f, 1.0f, seed + 4);
+  int64_t sr[2] = {c->R, c->O}, sl[2] = {c->R, c->F};
+  in[5] = gc_input(2, sr, -1.0f, 1.0f, seed + 5);
+  in[6] = gc_input(2, sl, -1.0f, 1.0f, seed + 6);
   return c->bias ? 5 : 3;
 }
 
 static void free_inputs(dg_tensor **in) {
-  for (int k = 0; k < 5; k++) dg_tensor_free(in[k]);
+  for (int k = 0; k < 7; k++) dg_tensor_free(in[k]);
+}
+
+/* Grad on for the inputs in mask (bit k: in[k]) only: gc_check wants a
+ * gradient for every grad-requiring input. */
+static void use_only(dg_tensor **in, unsigned mask) {
+  for (int k = 0; k < 7; k++) dg_tensor_set_requires_grad(in[k], (int)(mask >> k) & 1);
 }
 
 static void grad_fd(void) {
@@ -50,7 +84,7 @@ static void grad_fd(void) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     mlp_case c = cases[i];
-    dg_tensor *in[5];
+    dg_tensor *in[7];
     int nin = make_inputs(&c, in, 100 + 10 * i);
     char nm[96];
     snprintf(nm, sizeof nm, "mlp_gelu R=%lld C=%lld F=%lld O=%lld bias=%d", (long long)c.R,
@@ -58,16 +92,34 @@ static void grad_fd(void) {
     CHECK_EQ_INT(gc_check(nm, f_fused, &c, nin, in, 1e-3, 1e-2), 0);
     if (i == 1) CHECK_EQ_INT(gc_check("mlp_gelu twice, accumulated", f_twice, &c, nin, in, 1e-3,
                                       1e-2), 0);
+    /* the residual forms, on the inputs each uses */
+    snprintf(nm, sizeof nm, "mlp_gelu_add, res used twice, bias=%d", c.bias);
+    use_only(in, c.bias ? 0x3f : 0x27);
+    CHECK_EQ_INT(gc_check(nm, f_fused_add_twice, &c, 7, in, 1e-3, 1e-2), 0);
+    snprintf(nm, sizeof nm, "linear_add, res used twice, bias=%d", c.bias);
+    use_only(in, c.bias ? 0x4b : 0x43);
+    CHECK_EQ_INT(gc_check(nm, f_linear_add, &c, 7, in, 1e-3, 1e-2), 0);
     free_inputs(in);
   }
   /* several row blocks (F = 4096: 32 rows a block): x and b2 only, the
    * weights' blocked accumulation is checked against the unfused path */
   mlp_case c = {70, 2, 4096, 2, 1};
-  dg_tensor *in[5];
+  dg_tensor *in[7];
   int nin = make_inputs(&c, in, 200);
   for (int k = 1; k < 4; k++) dg_tensor_set_requires_grad(in[k], 0);
   CHECK_EQ_INT(gc_check("mlp_gelu 3 row blocks (x, b2)", f_fused, &c, nin, in, 1e-3, 1e-2), 0);
   free_inputs(in);
+}
+
+/* max |a - b| over n; *scale = max |b|. */
+static double max_diff(const float *a, const float *b, int64_t n, double *scale) {
+  double d = 0, s = 0;
+  for (int64_t e = 0; e < n; e++) {
+    d = fmax(d, fabs((double)a[e] - b[e]));
+    s = fmax(s, fabs((double)b[e]));
+  }
+  *scale = s;
+  return d;
 }
 
 /* y and every input gradient of sum(f(in) * w), copied out. */
@@ -88,10 +140,11 @@ static float *run(dg_ctx *ctx, gc_fn f, mlp_case *c, dg_tensor **in, int nin, co
   memcpy(p, dg_tensor_data(y), (size_t)ny * sizeof *p);
   p += ny;
   for (int k = 0; k < nin; k++) {
-    dg_tensor *g = dg_tensor_grad(in[k]);
-    REQUIRE(g);
-    memcpy(p, dg_tensor_data(g), (size_t)dg_tensor_numel(g) * sizeof *p);
-    p += dg_tensor_numel(g);
+    dg_tensor *g = dg_tensor_grad(in[k]); /* none: an input f does not use */
+    size_t m = (size_t)dg_tensor_numel(in[k]);
+    if (g) memcpy(p, dg_tensor_data(g), m * sizeof *p);
+    else memset(p, 0, m * sizeof *p);
+    p += m;
   }
   *ntot = n;
   return out;
@@ -106,7 +159,7 @@ static void vs_unfused(int threads) {
   REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     mlp_case c = cases[i];
-    dg_tensor *in[5];
+    dg_tensor *in[7];
     int nin = make_inputs(&c, in, 300 + 10 * i);
     int64_t ny = c.R * c.O, nf, nu;
     float *w = malloc((size_t)ny * sizeof *w);
@@ -115,11 +168,24 @@ static void vs_unfused(int threads) {
     float *a = run(ctx, f_fused, &c, in, nin, w, ny, &nf);
     float *b = run(ctx, f_unfused, &c, in, nin, w, ny, &nu);
     REQUIRE(nf == nu);
-    double d = 0, s = 0;
-    for (int64_t e = 0; e < nf; e++) {
-      d = fmax(d, fabs((double)a[e] - b[e]));
-      s = fmax(s, fabs((double)b[e]));
-    }
+    double s = 0, d = max_diff(a, b, nf, &s);
+    /* with the residual: inputs 0..5, res's gradient included */
+    int64_t na, nb;
+    float *fa = run(ctx, f_fused_add, &c, in, 6, w, ny, &na);
+    float *fb = run(ctx, f_unfused_add, &c, in, 6, w, ny, &nb);
+    double sr = 0, dr = max_diff(fa, fb, na, &sr);
+    CHECK(na == nb && dr <= 2e-6 * (1 + sr));
+    free(fa), free(fb);
+    /* dg_linear_add vs res + dg_linear: bit-identical sums are not
+     * promised (the bias is added before the GEMM), close ones are */
+    int64_t nl = c.R * c.F, la, lb;
+    float *wl = malloc((size_t)nl * sizeof *wl);
+    dg_rng_uniform(70 + i, 0, wl, (size_t)nl);
+    float *ga = run(ctx, f_linear_add, &c, in, 7, wl, nl, &la);
+    float *gb = run(ctx, f_linear_add_ref, &c, in, 7, wl, nl, &lb);
+    double sl = 0, dl = max_diff(ga, gb, la, &sl);
+    CHECK(la == lb && dl <= 2e-6 * (1 + sl));
+    free(ga), free(gb), free(wl);
     fprintf(stderr, "fused vs unfused R=%lld C=%lld F=%lld O=%lld threads=%d: |diff| %.3g "
             "(max %.3g)\n", (long long)c.R, (long long)c.C, (long long)c.F, (long long)c.O,
             threads, d, s);
@@ -160,6 +226,23 @@ static void errors(dg_ctx *ctx) {
   dg_clear_error(ctx);
   CHECK(dg_mlp_gelu(ctx, dg_zeros(ctx, DG_I32, 2, sx), w1, NULL, w2, NULL) == NULL);
   CHECK_EQ_INT(dg_errcode(ctx), DG_EDTYPE);
+  dg_clear_error(ctx);
+  /* residual forms: res must have the output's shape */
+  int64_t so[2] = {3, 2};
+  CHECK(dg_mlp_gelu_add(ctx, x, w1, NULL, w2, NULL, dg_zeros(ctx, DG_F32, 2, so)) != NULL);
+  CHECK(dg_mlp_gelu_add(ctx, x, w1, NULL, w2, NULL, x) == NULL);
+  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_errmsg(ctx), "residual");
+  dg_clear_error(ctx);
+  CHECK(dg_mlp_gelu_add(ctx, x, w1, NULL, w2, NULL, NULL) == NULL);
+  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
+  dg_clear_error(ctx);
+  CHECK(dg_linear_add(ctx, x, w1, NULL, x) == NULL); /* (3, 8) output, (3, 4) res */
+  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_errmsg(ctx), "(3, 8)");
+  dg_clear_error(ctx);
+  CHECK(dg_linear_add(ctx, x, w1, NULL, NULL) == NULL);
+  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
   dg_clear_error(ctx);
   /* no rows: an empty output, backward runs */
   int64_t e[3] = {2, 0, 4};

@@ -3,8 +3,8 @@
  * -> x + mlp(ln2(x)) (GELU tanh, hidden 128) -> ln_f -> head (no bias) -> logits
  * (2, 8, 16), cross-entropy on the shifted targets. Attention is spelled out
  * exactly as in make_fixtures.py's Block.attn; a second run checks the fused
- * ops the transformer block uses (dg_attention, dg_mlp_gelu) against the
- * same fixture. */
+ * ops the transformer block uses (dg_attention, dg_linear_add,
+ * dg_mlp_gelu_add) against the same fixture. */
 #include "ref_fixture.h"
 
 enum { B = 2, T = 8, D = 32, H = 4, HD = D / H };
@@ -43,12 +43,14 @@ static dg_tensor *attn(ref_env *e, dg_tensor *x /* (B, T, D) */) {
                    ref_param(e, "block.attn_proj.bias"));
 }
 
-static dg_tensor *attn_fused(ref_env *e, dg_tensor *x /* (B, T, D) */) {
+/* res + attn(x), fused as the transformer block does it */
+static dg_tensor *attn_fused(ref_env *e, dg_tensor *x /* (B, T, D) */, dg_tensor *res) {
   dg_ctx *c = e->ctx;
   dg_tensor *qkv = dg_linear(c, x, ref_param(e, "block.attn_qkv.weight"),
                              ref_param(e, "block.attn_qkv.bias")); /* (B, T, 3D) */
-  return dg_linear(c, dg_attention(c, qkv, H, 1, 1.0f / sqrtf((float)HD)),
-                   ref_param(e, "block.attn_proj.weight"), ref_param(e, "block.attn_proj.bias"));
+  return dg_linear_add(c, dg_attention(c, qkv, H, 1, 1.0f / sqrtf((float)HD)),
+                       ref_param(e, "block.attn_proj.weight"),
+                       ref_param(e, "block.attn_proj.bias"), res);
 }
 
 static dg_tensor *forward(ref_env *e, dg_tensor **out, void *user) {
@@ -61,14 +63,13 @@ static dg_tensor *forward(ref_env *e, dg_tensor **out, void *user) {
                         dg_embedding(c, ref_param(e, "wpe.weight"), pos)); /* (B,T,D) + (T,D) */
   dg_tensor *h = dg_layernorm(c, x, ref_param(e, "block.ln1.weight"),
                               ref_param(e, "block.ln1.bias"), LN_EPS);
-  x = dg_add(c, x, fused ? attn_fused(e, h) : attn(e, h));
+  x = fused ? attn_fused(e, h, x) : dg_add(c, x, attn(e, h));
   h = dg_layernorm(c, x, ref_param(e, "block.ln2.weight"), ref_param(e, "block.ln2.bias"),
                    LN_EPS);
   if (fused) {
-    x = dg_add(c, x, dg_mlp_gelu(c, h, ref_param(e, "block.mlp_fc.weight"),
-                                 ref_param(e, "block.mlp_fc.bias"),
-                                 ref_param(e, "block.mlp_proj.weight"),
-                                 ref_param(e, "block.mlp_proj.bias")));
+    x = dg_mlp_gelu_add(c, h, ref_param(e, "block.mlp_fc.weight"),
+                        ref_param(e, "block.mlp_fc.bias"), ref_param(e, "block.mlp_proj.weight"),
+                        ref_param(e, "block.mlp_proj.bias"), x);
   } else {
     h = dg_gelu(c, dg_linear(c, h, ref_param(e, "block.mlp_fc.weight"),
                              ref_param(e, "block.mlp_fc.bias"))); /* (B, T, 4D) */
