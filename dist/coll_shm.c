@@ -31,7 +31,8 @@
 
 #define SHM_CHUNK ((size_t)256 << 10) /* bytes per slot */
 #define SHM_NSLOT 4                   /* slots per rank (chunks in flight) */
-#define SPIN_NS 20000                 /* busy-wait before sleeping... */
+#define PAUSE_NS 2000                 /* busy-wait (the peer is on another core)... */
+#define SPIN_NS 20000                 /* ...then yielding, before sleeping... */
 #define SPIN_WAITED_NS 2000000        /* ...or, yielding, this long while a caller waits */
 #define SLICE_MS 5                    /* futex sleep between liveness checks */
 
@@ -97,8 +98,10 @@ static int wait_word(dg_coll *c, int p, uint32_t *word, uint32_t *sleepers, uint
   int64_t t0 = dg__now_ns(), t;
   while ((t = dg__now_ns() - t0) < SPIN_NS ||
          (t < SPIN_WAITED_NS && __atomic_load_n(&c->pg->nwaiting, __ATOMIC_RELAXED) > 0)) {
-    if (t < SPIN_NS) for (int i = 0; i < 64; i++) cpu_relax();
-    else sched_yield(); /* a runnable peer thread on this core goes first */
+    /* Past a few microseconds the peer may be waiting for this very core
+     * (more ranks than free cores): let it run. */
+    if (t < PAUSE_NS) for (int i = 0; i < 16; i++) cpu_relax();
+    else sched_yield();
     if (reached(word, v)) return DG_OK;
   }
   for (;;) {
