@@ -131,7 +131,8 @@ static void *rank_main(void *p) {
         check_sum(pg, dtypes[d], sizes[s], DG_ALGO_HALVING_DOUBLING);
         check_sum(pg, dtypes[d], sizes[s], DG_ALGO_DIRECT);
         if (W > 1) check_sum(pg, dtypes[d], sizes[s], DG_ALGO_CMA);
-        if (W > 1) check_sum(pg, dtypes[d], sizes[s], DG_ALGO_SHM);
+        const char *e = getenv("DG_SHM"); /* "0": no segment (DG_ALGO_SHM refused) */
+        if (W > 1 && !(e && !strcmp(e, "0"))) check_sum(pg, dtypes[d], sizes[s], DG_ALGO_SHM);
       }
     }
   dg_pg_set_algo(pg, DG_ALGO_AUTO);
