@@ -113,6 +113,8 @@ DG_INLINE void softmax_grad_rows_body(float *restrict D, const float *restrict P
   for (int64_t i = r0; i < r1; i++) {
     float *restrict d = D + i * T;
     const float *restrict p = P + i * T;
+    if (i + 2 < r1) /* P was saved in forward: far by now */
+      for (int64_t k = 0; k < T; k += 16) __builtin_prefetch(p + 2 * T + k);
     ROW_LENS(i, T, causal, n, nv, n16);
     (void)n;
     int64_t j;

@@ -26,6 +26,8 @@ typedef struct {
  * folded into double every 256 elements (vector speed, block-bounded
  * error). */
 #define LN_BLOCK 256
+/* backward prefetches x this many rows ahead */
+#define LN_PF 8
 
 DG_INLINE double sumsq_dev(const float *restrict x, float m, int64_t C) {
   double s = 0;
@@ -87,6 +89,9 @@ DG_INLINE void ln_bwd_rows_body(const ln_job *j, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; r++) {
     const float *restrict xr = j->x + r * C, *restrict gr = j->dy + r * C;
     float *restrict dr = j->y + r * C;
+    if (r + LN_PF < r1) { /* x was saved in forward: far by now */
+      for (int64_t k = 0; k < C; k += 16) __builtin_prefetch(xr + LN_PF * C + k);
+    }
     const float mu = j->mean[r], rs = j->rstd[r];
     double sg = 0, sgx = 0; /* sums of g and g * xhat */
     for (int64_t i0 = 0; i0 < C; i0 += LN_BLOCK) {
@@ -130,6 +135,9 @@ DG_INLINE void ln_bwd_cols_body(const ln_job *j, int64_t c0, int64_t c1) {
   float *restrict dw = j->dw ? j->dw + c0 : NULL, *restrict db = j->db ? j->db + c0 : NULL;
   for (int64_t r = 0; r < j->R; r++) {
     const float *restrict xr = j->x + r * C + c0, *restrict gr = j->dy + r * C + c0;
+    if (r + LN_PF < j->R) {
+      for (int64_t k = 0; k < n; k += 16) __builtin_prefetch(xr + LN_PF * C + k);
+    }
     const float mu = j->mean[r], rs = j->rstd[r];
     if (dw) {
       if (r || j->accw) for (int64_t i = 0; i < n; i++) dw[i] += gr[i] * ((xr[i] - mu) * rs);
