@@ -408,13 +408,7 @@ int dg_work_wait(dg_work *w, int timeout_ms) {
     }
     int64_t left = until - dg__now_ms();
     if (left <= 0) break;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t step = DG_MIN(left, 1000);
-    int64_t ns = ts.tv_nsec + step * 1000000;
-    ts.tv_sec += ns / 1000000000;
-    ts.tv_nsec = ns % 1000000000;
-    pthread_cond_timedwait(&pg->dcv, &pg->mu, &ts);
+    dg__cond_wait_ms(&pg->dcv, &pg->mu, DG_MIN(left, 1000));
   }
   int st = w->status;
   pthread_mutex_unlock(&pg->mu);

@@ -21,6 +21,15 @@ int64_t dg__now_ns(void) {
 
 int64_t dg__now_ms(void) { return dg__now_ns() / 1000000; }
 
+void dg__cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  int64_t ns = ts.tv_nsec + ms * 1000000;
+  ts.tv_sec += ns / 1000000000;
+  ts.tv_nsec = ns % 1000000000;
+  pthread_cond_timedwait(cv, mu, &ts);
+}
+
 int64_t dg__deadline(int timeout_ms, int dflt_ms) {
   return dg__now_ms() + (timeout_ms > 0 ? timeout_ms : dflt_ms);
 }

@@ -4,12 +4,16 @@
 #define DG_NET_IMPL_H
 
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
 /* Monotonic clock in milliseconds / nanoseconds. */
 int64_t dg__now_ms(void);
 int64_t dg__now_ns(void);
+/* pthread_cond_timedwait for at most `ms` milliseconds (waits are sliced
+ * so that callers re-check their deadline and failure state). */
+void dg__cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms);
 /* Absolute deadline for a relative timeout (timeout <= 0: `dflt`). */
 int64_t dg__deadline(int timeout_ms, int dflt_ms);
 

@@ -611,13 +611,7 @@ static int tcp_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
   while (op->status == DG_XOP_PENDING) {
     int64_t left = deadline_ms - dg__now_ms();
     if (left <= 0) break;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t step = left > 200 ? 200 : left;
-    int64_t ns = ts.tv_nsec + step * 1000000;
-    ts.tv_sec += ns / 1000000000;
-    ts.tv_nsec = ns % 1000000000;
-    pthread_cond_timedwait(&x->cv, &x->mu, &ts);
+    dg__cond_wait_ms(&x->cv, &x->mu, left > 200 ? 200 : left);
   }
   int st = op->status;
   pthread_mutex_unlock(&x->mu);

@@ -410,14 +410,7 @@ static int ucx_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
      * thread (it re-arms itself after each of its own rounds). */
     if (!x->armed && x->sleeping) arm(x);
     if (op->status != DG_XOP_PENDING) break;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t step = left > 200 ? 200 : left;
-    if (x->suspect >= 0) step = 1;
-    int64_t ns = ts.tv_nsec + step * 1000000;
-    ts.tv_sec += ns / 1000000000;
-    ts.tv_nsec = ns % 1000000000;
-    pthread_cond_timedwait(&x->cv, &x->mu, &ts);
+    dg__cond_wait_ms(&x->cv, &x->mu, x->suspect >= 0 ? 1 : left > 200 ? 200 : left);
     dg__ucx_settle(x);
   }
   int st = op->status;
