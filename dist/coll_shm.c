@@ -19,6 +19,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -53,6 +54,7 @@ struct dg__shm {
   void *base;
   size_t len;
   int W;
+  double link_ns_per_byte; /* DG_SIM_LINK_GBIT: a simulated slow link, 0: none */
   shm_ctl *ctl;        /* (W) */
   unsigned char *data; /* (W * SHM_NSLOT * SHM_CHUNK) */
   uint32_t next;       /* next chunk number */
@@ -74,6 +76,20 @@ static void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
+}
+
+/* A slow link simulated (DG_SIM_LINK_GBIT, for benchmarks of overlap): a
+ * collective that moved `bytes` per rank returns no earlier than a link of
+ * that rate would have carried them since t0 (2(W-1)/W of them, as a ring
+ * would), sleeping, so that like a NIC's DMA it costs no CPU. */
+static void sim_link(const dg_pg *pg, int64_t t0, size_t bytes) {
+  double r = pg->shm->link_ns_per_byte;
+  if (r <= 0) return;
+  int64_t end = t0 + (int64_t)(r * (double)bytes * 2.0 * (pg->size - 1) / pg->size);
+  for (int64_t now; (now = dg__now_ns()) < end;) {
+    struct timespec ts = {(end - now) / 1000000000, (end - now) % 1000000000};
+    nanosleep(&ts, NULL);
+  }
 }
 
 /* Publishes *word = v and wakes sleepers of that rank's words. */
@@ -183,6 +199,7 @@ int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop
   dg__shm *s = c->pg->shm;
   size_t es = dg_dtype_size(dt), step = SHM_CHUNK / es * es, bytes = count * es;
   unsigned char *b = buf;
+  int64_t t0 = dg__now_ns();
   /* One chunk ahead: post k + 1 before reducing k, so a peer finds it. */
   uint32_t g0 = s->next;
   size_t nchunk = (bytes + step - 1) / step;
@@ -194,6 +211,7 @@ int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop
     if (rc == DG_OK) rc = reduce_chunk(c, b + o, len, g0 + (uint32_t)k, dt, op);
   }
   s->next = g0 + (uint32_t)nchunk;
+  if (rc == DG_OK) sim_link(c->pg, t0, bytes);
   return rc;
 }
 
@@ -281,6 +299,8 @@ int dg__shm_setup(dg_pg *pg, dg_coll *c) {
     dg__shm_free(pg->shm);
     pg->shm = NULL;
   }
+  const char *e = getenv("DG_SIM_LINK_GBIT");
+  if (pg->shm && e && atof(e) > 0) pg->shm->link_ns_per_byte = 8.0 / atof(e);
   DG_LOGI("dist: rank %d: shared-memory allreduce %s", pg->rank, pg->shm ? "on" : "off");
   return rc;
 }
@@ -364,6 +384,7 @@ static void grad_block(dg__shmgrad *s, size_t o, size_t n) {
 
 int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, size_t off, size_t count, int32_t *sum) {
   int W = c->size, r = c->rank, rc = DG_OK;
+  int64_t t0 = dg__now_ns();
   uint32_t g = ++s->gen;
   if (sum) s->ctl[r].count = *sum; /* read by peers before they are done */
   publish(&s->ctl[r].sleepers, &s->ctl[r].ready, g);
@@ -383,5 +404,6 @@ int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, size_t off, size_t count, int32_
   for (int p = 0; p < W && rc == DG_OK; p++)
     if (p != r) rc = wait_word(c, p, &s->ctl[p].done, &s->ctl[p].sleepers, g,
                                "write its block of the average");
+  if (rc == DG_OK) sim_link(c->pg, t0, count * sizeof(float));
   return rc;
 }

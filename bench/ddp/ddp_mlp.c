@@ -71,6 +71,8 @@ static int mlp_init(mlp *m, const bopts *o) {
   return rc;
 }
 
+static double g_bwd_s; /* time inside dg_backward, summed over steps */
+
 /* Forward + backward + SGD (forward and loss only when `fwd_only`);
  * returns the loss or NAN. */
 static float step(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_ddp *ddp,
@@ -87,7 +89,10 @@ static float step(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_
     dg_ctx_reset(ctx);
     return lv;
   }
-  if (!loss || dg_backward(ctx, loss)) {
+  double tb = now_s();
+  int brc = loss ? dg_backward(ctx, loss) : -1;
+  g_bwd_s += now_s() - tb; /* with DDP: its wait at backward end included */
+  if (brc) {
     fprintf(stderr, "ddp_mlp: step failed: %s\n", dg_errmsg(ctx));
     return NAN;
   }
@@ -108,6 +113,7 @@ static double time_steps(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t 
                          float *loss, int fwd_only) {
   for (long s = 0; s < o->warmup; s++)
     if (isnan(*loss = step(ctx, m, o, x, y, ddp, fwd_only))) return -1;
+  g_bwd_s = 0;
   double t0 = now_s();
   for (long s = 0; s < o->steps; s++)
     if (isnan(*loss = step(ctx, m, o, x, y, ddp, fwd_only))) return -1;
@@ -171,8 +177,11 @@ static void leave(dg_store *st, dg_pg *pg, int W) {
   dg_store_free(st);
 }
 
-static void print_json(const bopts *o, double step_s, const dg_ddp_stats *st, double comp_s,
-                       double fwd_s, double comm_s, float loss) {
+/* parts: compute, forward, communication, backward alone, backward in the
+ * DDP step (seconds) */
+static void print_json(const bopts *o, double step_s, const dg_ddp_stats *st, const double *pt,
+                       float loss) {
+  double comp_s = pt[0], fwd_s = pt[1], comm_s = pt[2], bwd_s = pt[3], bwd_ddp_s = pt[4];
   printf("{\"impl\":\"dgrad\",\"bench\":\"ddp_mlp\",\"label\":\"%s\",\"nproc\":%d,\"ddp\":%d,"
          "\"batch\":%ld,\"threads\":%d,\"steps\":%ld,\"bucket_mib\":%g,\"first_mib\":%g,"
          "\"comm\":\"%s\",\"overlap\":%d,\"join\":%d,\"nbuckets\":%d,\"step_ms\":%.4f,"
@@ -186,9 +195,11 @@ static void print_json(const bopts *o, double step_s, const dg_ddp_stats *st, do
   double rest = comp_s - fwd_s, ideal = fwd_s + (rest > comm_s ? rest : comm_s);
   if (o->parts)
     printf(",\"compute_ms\":%.4f,\"forward_ms\":%.4f,\"comm_ms\":%.4f,\"step_over_max\":%.3f,"
-           "\"step_over_sum\":%.3f,\"step_over_fwd_plus_max\":%.3f",
+           "\"step_over_sum\":%.3f,\"step_over_fwd_plus_max\":%.3f,\"backward_ms\":%.4f,"
+           "\"backward_ddp_ms\":%.4f,\"backward_ddp_over_max\":%.3f",
            comp_s * 1e3, fwd_s * 1e3, comm_s * 1e3, step_s / (comp_s > comm_s ? comp_s : comm_s),
-           step_s / (comp_s + comm_s), step_s / ideal);
+           step_s / (comp_s + comm_s), step_s / ideal, bwd_s * 1e3, bwd_ddp_s * 1e3,
+           bwd_ddp_s / (bwd_s > comm_s ? bwd_s : comm_s));
   printf(",\"loss\":%.5f}\n", (double)loss);
   fflush(stdout);
 }
@@ -223,6 +234,7 @@ static int rank_main(int r, const bopts *o, const char *dir) {
   }
   float loss = 0;
   double step_s = time_steps(ctx, &m, o, x, y, ddp, &loss, 0), comp_s = 0, comm_s = 0, fwd_s = 0;
+  double bwd_ddp_s = g_bwd_s / (double)o->steps, bwd_s = 0;
   if (step_s < 0) return 13;
   dg_ddp_stats sts;
   memset(&sts, 0, sizeof sts);
@@ -244,10 +256,11 @@ static int rank_main(int r, const bopts *o, const char *dir) {
   if (o->parts && ddp) {
     float fl = 0;
     comp_s = time_steps(ctx2, &m, o, x, y, NULL, &fl, 0);
+    bwd_s = g_bwd_s / (double)o->steps;
     fwd_s = time_steps(ctx2, &m, o, x, y, NULL, &fl, 1);
     comm_s = time_comm(pg, ddp, &m, o);
   }
-  if (r == 0) print_json(o, step_s, &sts, comp_s, fwd_s, comm_s, loss);
+  if (r == 0) print_json(o, step_s, &sts, (double[]){comp_s, fwd_s, comm_s, bwd_s, bwd_ddp_s}, loss);
   dg_ddp_free(ddp);
   if (pg) leave(st, pg, o->nproc);
   dg_ctx_free(ctx);
