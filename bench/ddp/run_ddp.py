@@ -14,11 +14,15 @@ scaling: per round, dgrad 1 rank without DDP, dgrad DDP on 1 rank, dgrad DDP
          (2 * samples/s(1 rank, no DDP)), same implementation.
 sweep:   dgrad DDP on 2 ranks with bucket caps 1, 2, 5, 10, 25, 50, 100 MiB
          (first bucket min(1 MiB, cap)).
-overlap: inside a private network namespace (unshare -n; loopback only) with
-         loopback slowed by `tc qdisc ... tbf rate R`, DDP on 2 ranks with
-         and without overlap, plus compute alone and communication alone
-         (--parts), for the MLP and a deeper MLP whose gradients become ready
-         layer by layer. Needs root (or user namespaces) and tc.
+overlap: DDP on 2 ranks with and without overlap, plus compute, forward,
+         backward and communication alone (--parts), for the MLP and a deeper
+         MLP whose gradients become ready layer by layer, over a slow link:
+         --link sim (default): the shared-memory path paced inside the
+         transport at R (DG_SIM_LINK_GBIT; the wait sleeps, as a NIC's DMA
+         costs no CPU); --link tc: Gloo's ring over loopback slowed by
+         `tc qdisc ... tbf rate R` in a private network namespace (unshare -n;
+         needs root) -- there the kernel's copies cost as much CPU as the
+         transfer takes, and this 2-core machine has no core to spare.
 """
 import argparse
 import json
@@ -109,11 +113,16 @@ def overlap(a, exe):
         for _ in range(a.runs):
             for k in res:
                 c = [exe, "--nproc", "2", "--steps", str(a.steps // 2), "--layers", layers,
-                     "--bucket-mib", cap, "--first-mib", cap, "--parts", "--ring", "--label",
-                     "%s@%s" % (name, rate)]
+                     "--bucket-mib", cap, "--first-mib", cap, "--parts", "--label",
+                     "%s@%s/%s" % (name, rate, a.link)]
                 if k == "no_overlap":
                     c.append("--no-overlap")
-                res[k].append(run(netns(rate, c)))
+                if a.link == "tc":
+                    res[k].append(run(netns(rate, c + ["--ring"])))
+                else:  # the shared-memory path, paced in the transport; the
+                    # group's thread averages during backward (as with a spare core)
+                    gbit = rate[:-4] if rate.endswith("gbit") else rate
+                    res[k].append(run(c, {"DG_SIM_LINK_GBIT": gbit, "DG_DDP_SHM_INLINE": "0"}))
         o, n = res["overlap"], res["no_overlap"]
         summary({"part": "overlap", "model": name, "layers": layers, "rate": rate,
                  "runs": a.runs, "compute_ms": med(o + n, "compute_ms"),
@@ -123,6 +132,10 @@ def overlap(a, exe):
                  "forward_ms": med(o + n, "forward_ms"),
                  "overlap_step_over_max": med(o, "step_over_max"),
                  "overlap_step_over_fwd_plus_max": med(o, "step_over_fwd_plus_max"),
+                 "link": a.link, "backward_ms": med(o + n, "backward_ms"),
+                 "backward_ddp_ms_overlap": med(o, "backward_ddp_ms"),
+                 "backward_ddp_ms_no_overlap": med(n, "backward_ddp_ms"),
+                 "overlap_backward_ddp_over_max": med(o, "backward_ddp_over_max"),
                  "no_overlap_step_over_sum": med(n, "step_over_sum")})
 
 
@@ -134,6 +147,7 @@ def main():
     ap.add_argument("--part", default="all")
     ap.add_argument("--rate-mlp", default="3gbit")
     ap.add_argument("--rate-deep", default="3gbit")
+    ap.add_argument("--link", default="sim", choices=["sim", "tc"])
     a = ap.parse_args()
     exe = os.path.join(ROOT, a.build_dir, "bench", "ddp", "ddp_mlp")
     if not os.path.exists(exe):
