@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "optim/optim_impl.h"
+#include "tensor/cpu/cpu_impl.h"
 #include "tensor/threads_impl.h"
 
 int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const char *name,
@@ -180,23 +181,36 @@ dg_adamw_opts dg_adamw_defaults(void) {
   return d;
 }
 
+typedef struct {
+  float decay, step_size, bc2_sqrt, b1, b2, c1, c2, eps;
+} adamw_k;
+
+/* torch.optim.AdamW's update, operation for operation (sqrt and divisions
+ * kept: the vector forms round exactly like the scalar ones). */
+DG_INLINE void adamw_kernel_body(const adamw_k *k, float *restrict w, const float *restrict g,
+                                 float *restrict m, float *restrict v, size_t n) {
+  for (size_t j = 0; j < n; j++) {
+    float gj = g[j];
+    float mj = m[j] * k->b1 + k->c1 * gj;
+    float vj = v[j] * k->b2 + k->c2 * gj * gj;
+    m[j] = mj;
+    v[j] = vj;
+    float wj = w[j] * k->decay;
+    w[j] = wj - k->step_size * (mj / (sqrtf(vj) / k->bc2_sqrt + k->eps));
+  }
+}
+DG_SIMD_FN(adamw_kernel,
+           (const adamw_k *k, float *restrict w, const float *restrict g, float *restrict m,
+            float *restrict v, size_t n),
+           (k, w, g, m, v, n))
+
 static void adamw_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
   const dg_adamw_opts *a = &o->adam;
   const double t = (double)o->step;
-  const float decay = (float)(1.0 - (double)o->lr * a->weight_decay);
-  const float step_size = (float)(o->lr / (1.0 - pow(a->beta1, t)));
-  const float bc2_sqrt = (float)sqrt(1.0 - pow(a->beta2, t));
-  const float b1 = a->beta1, b2 = a->beta2, c1 = 1.0f - b1, c2 = 1.0f - b2, eps = a->eps;
-  float *m = o->state[0], *v = o->state[1];
-  for (size_t j = lo; j < hi; j++) {
-    float gj = g[j];
-    float mj = m[j] * b1 + c1 * gj;
-    float vj = v[j] * b2 + c2 * gj * gj;
-    m[j] = mj;
-    v[j] = vj;
-    float wj = w[j] * decay;
-    w[j] = wj - step_size * (mj / (sqrtf(vj) / bc2_sqrt + eps));
-  }
+  adamw_k k = {(float)(1.0 - (double)o->lr * a->weight_decay),
+               (float)(o->lr / (1.0 - pow(a->beta1, t))), (float)sqrt(1.0 - pow(a->beta2, t)),
+               a->beta1, a->beta2, 1.0f - a->beta1, 1.0f - a->beta2, a->eps};
+  if (hi > lo) adamw_kernel(&k, w + lo, g + lo, o->state[0] + lo, o->state[1] + lo, hi - lo);
 }
 
 static void adamw_step(dg_optim *o, float *w, const float *g) {
