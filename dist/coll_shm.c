@@ -10,9 +10,10 @@
  * One copy in and one reducing read per byte; the slots are small enough to
  * stay in cache, so main-memory traffic is that of a memcpy. Every rank
  * reduces the whole buffer in the same operand order, so the bits agree.
- * Waits spin briefly, then sleep on a futex of the shared word, in slices
- * that check the deadline, the transport's error state and whether the
- * peer process is still alive. */
+ * The barrier is a one-element allreduce; DDP's gradient segment (below)
+ * averages buckets in place. Waits pause, then yield, then sleep on a futex
+ * of the shared word, in slices that check the deadline, the transport's
+ * error state and whether the peer process is still alive. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -38,7 +39,7 @@
 #define SLICE_MS 5                    /* futex sleep between liveness checks */
 
 typedef struct {
-  uint64_t seq, count; /* the work's sequence number and element count */
+  uint64_t count; /* the call's element count, dtype and op: checked alike */
   uint32_t dt, op;
 } shm_desc;
 
@@ -163,8 +164,7 @@ static int post_chunk(dg_coll *c, const unsigned char *src, size_t len, uint32_t
     if (rc != DG_OK) return rc;
   }
   memcpy(slot(s, c->rank, g), src, len);
-  me->desc[g % SHM_NSLOT] = (shm_desc){c->w->seq, c->w->count, (uint32_t)c->w->dt,
-                                       (uint32_t)c->w->op};
+  me->desc[g % SHM_NSLOT] = (shm_desc){c->w->count, (uint32_t)c->w->dt, (uint32_t)c->w->op};
   publish(&me->sleepers, &me->posted, g + 1);
   return DG_OK;
 }
