@@ -5,8 +5,5 @@
 #include "dgrad/data.h"
 #include "tensor/common_impl.h"
 
-/* Formats into err (errcap bytes) when err is non-NULL; returns code. */
-int dg__data_err(char *err, size_t errcap, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 
 #endif

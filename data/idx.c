@@ -1,7 +1,6 @@
 /* IDX reader (the MNIST file format): magic 00 00 <type> <ndim>, ndim
  * big-endian u32 dims, then the elements big-endian. Raw or gzip (zlib). */
 #include <errno.h>
-#include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -13,15 +12,6 @@
 
 #define IDX_MAX_BYTES ((size_t)1 << 40)
 
-int dg__data_err(char *err, size_t errcap, int code, const char *fmt, ...) {
-  if (err && errcap) {
-    va_list ap;
-    va_start(ap, fmt);
-    dg__vfmt(err, errcap, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 const char *dg_idx_type_name(int type) {
   switch (type) {
@@ -70,7 +60,7 @@ static int src_read(src *s, void *buf, size_t n, size_t *got) {
   if (!s->is_gz) {
     *got = fread(buf, 1, n, s->f);
     if (*got < n && ferror(s->f))
-      return dg__data_err(s->err, s->errcap, DG_EIO, "%s: read error: %s", s->path,
+      return dg__fail_msg(s->err, s->errcap, DG_EIO, "%s: read error: %s", s->path,
                           strerror(errno));
     return DG_OK;
   }
@@ -84,10 +74,10 @@ static int src_read(src *s, void *buf, size_t n, size_t *got) {
     size_t pl = strlen(s->path); /* zlib prefixes its message with the path */
     if (msg && !strncmp(msg, s->path, pl) && !strncmp(msg + pl, ": ", 2)) msg += pl + 2;
     if (r < 0 || (zerr != Z_OK && zerr != Z_BUF_ERROR))
-      return dg__data_err(s->err, s->errcap, DG_EFORMAT, "%s: corrupt gzip data (%s)",
+      return dg__fail_msg(s->err, s->errcap, DG_EFORMAT, "%s: corrupt gzip data (%s)",
                           s->path, msg && *msg ? msg : "zlib error");
     if (zerr == Z_BUF_ERROR)
-      return dg__data_err(s->err, s->errcap, DG_EFORMAT,
+      return dg__fail_msg(s->err, s->errcap, DG_EFORMAT,
                           "%s: truncated gzip stream (%s) after %zu bytes of data", s->path,
                           msg, *got);
     if (r == 0 || (size_t)r < want) break;
@@ -103,14 +93,14 @@ static int src_open(src *s, const char *path, char *err, size_t errcap) {
   s->errcap = errcap;
   s->f = fopen(path, "rb");
   if (!s->f)
-    return dg__data_err(err, errcap, DG_EIO, "%s: cannot open: %s", path, strerror(errno));
+    return dg__fail_msg(err, errcap, DG_EIO, "%s: cannot open: %s", path, strerror(errno));
   unsigned char m[2] = {0, 0};
   size_t k = fread(m, 1, 2, s->f);
   size_t len = strlen(path);
   int gz_name = len > 3 && !strcmp(path + len - 3, ".gz");
   s->is_gz = k == 2 && m[0] == 0x1f && m[1] == 0x8b;
   if (gz_name && !s->is_gz)
-    return dg__data_err(err, errcap, DG_EFORMAT,
+    return dg__fail_msg(err, errcap, DG_EFORMAT,
                         "%s: named .gz but does not start with the gzip magic 1f 8b", path);
   if (!s->is_gz) {
     rewind(s->f);
@@ -121,10 +111,10 @@ static int src_open(src *s, const char *path, char *err, size_t errcap) {
   s->f = NULL;
   s->gz = gzopen(path, "rb");
   if (!s->gz)
-    return dg__data_err(err, errcap, DG_EIO, "%s: cannot open: %s", path, strerror(errno));
+    return dg__fail_msg(err, errcap, DG_EIO, "%s: cannot open: %s", path, strerror(errno));
   return DG_OK;
 #else
-  return dg__data_err(err, errcap, DG_EUNSUPPORTED,
+  return dg__fail_msg(err, errcap, DG_EUNSUPPORTED,
                       "%s: gzip-compressed, but dgrad was built without zlib", path);
 #endif
 }
@@ -146,10 +136,10 @@ static int read_header(src *s, dg_idx_array *a) {
   int rc = src_read(s, h, 4, &got);
   if (rc) return rc;
   if (got < 4)
-    return dg__data_err(s->err, s->errcap, DG_EFORMAT,
+    return dg__fail_msg(s->err, s->errcap, DG_EFORMAT,
                         "%s: truncated: %zu bytes, too short for an IDX header", s->path, got);
   if (h[0] || h[1] || !type_size(h[2]) || h[3] == 0 || h[3] > DG_IDX_MAX_DIMS)
-    return dg__data_err(s->err, s->errcap, DG_EFORMAT,
+    return dg__fail_msg(s->err, s->errcap, DG_EFORMAT,
                         "%s: bad IDX magic %02x %02x %02x %02x (expected 00 00, a type byte "
                         "08/09/0b/0c/0d/0e, 1..%d dims)",
                         s->path, h[0], h[1], h[2], h[3], DG_IDX_MAX_DIMS);
@@ -159,18 +149,18 @@ static int read_header(src *s, dg_idx_array *a) {
   rc = src_read(s, h + 4, 4 * (size_t)a->ndim, &got);
   if (rc) return rc;
   if (got < 4 * (size_t)a->ndim)
-    return dg__data_err(s->err, s->errcap, DG_EFORMAT,
+    return dg__fail_msg(s->err, s->errcap, DG_EFORMAT,
                         "%s: truncated inside the header (%d dims declared)", s->path, a->ndim);
   a->count = 1;
   for (int i = 0; i < a->ndim; i++) {
     a->dims[i] = be32(h + 4 + 4 * i);
     if (a->dims[i] && a->count > IDX_MAX_BYTES / (size_t)a->dims[i])
-      return dg__data_err(s->err, s->errcap, DG_EFORMAT, "%s: header declares an absurd size",
+      return dg__fail_msg(s->err, s->errcap, DG_EFORMAT, "%s: header declares an absurd size",
                           s->path);
     a->count *= (size_t)a->dims[i];
   }
   if (a->count > IDX_MAX_BYTES / a->elem_size)
-    return dg__data_err(s->err, s->errcap, DG_EFORMAT, "%s: header declares an absurd size",
+    return dg__fail_msg(s->err, s->errcap, DG_EFORMAT, "%s: header declares an absurd size",
                         s->path);
   return DG_OK;
 }
@@ -191,14 +181,14 @@ static int read_data(src *s, dg_idx_array *a, size_t bytes) {
   char shp[160];
   size_t cap = DG_MIN(bytes, (size_t)1 << 24), have = 0, got;
   unsigned char *buf = dg__malloc(cap ? cap : 1);
-  if (!buf) return dg__data_err(s->err, s->errcap, DG_ENOMEM, "%s: out of memory", s->path);
+  if (!buf) return dg__fail_msg(s->err, s->errcap, DG_ENOMEM, "%s: out of memory", s->path);
   int rc = DG_OK;
   while (have < bytes) {
     if (have == cap) {
       size_t ncap = DG_MIN(bytes, cap * 2);
       unsigned char *nb = dg__realloc(buf, ncap);
       if (!nb) {
-        rc = dg__data_err(s->err, s->errcap, DG_ENOMEM, "%s: out of memory", s->path);
+        rc = dg__fail_msg(s->err, s->errcap, DG_ENOMEM, "%s: out of memory", s->path);
         break;
       }
       buf = nb;
@@ -211,13 +201,13 @@ static int read_data(src *s, dg_idx_array *a, size_t bytes) {
   }
   if (!rc && have < bytes) {
     shape_str(a, shp, sizeof shp);
-    rc = dg__data_err(s->err, s->errcap, DG_EFORMAT,
+    rc = dg__fail_msg(s->err, s->errcap, DG_EFORMAT,
                       "%s: truncated: the header declares %s (%zu bytes of data) but only "
                       "%zu bytes follow it", s->path, shp, bytes, have);
   }
   unsigned char extra;
   if (!rc && (rc = src_read(s, &extra, 1, &got)) == DG_OK && got)
-    rc = dg__data_err(s->err, s->errcap, DG_EFORMAT,
+    rc = dg__fail_msg(s->err, s->errcap, DG_EFORMAT,
                       "%s: corrupt: data continues past the %zu bytes the header declares",
                       s->path, bytes);
   if (rc) {
@@ -243,9 +233,9 @@ static void decode_be(dg_idx_array *a) {
 
 int dg_idx_read(const char *path, dg_idx_array *out, char *err, size_t errcap) {
   if (err && errcap) err[0] = 0;
-  if (!out) return dg__data_err(err, errcap, DG_EINVAL, "idx_read: NULL output");
+  if (!out) return dg__fail_msg(err, errcap, DG_EINVAL, "idx_read: NULL output");
   memset(out, 0, sizeof *out);
-  if (!path) return dg__data_err(err, errcap, DG_EINVAL, "idx_read: NULL path");
+  if (!path) return dg__fail_msg(err, errcap, DG_EINVAL, "idx_read: NULL path");
   src s;
   int rc = src_open(&s, path, err, errcap);
   dg_idx_array a;
@@ -258,7 +248,7 @@ int dg_idx_read(const char *path, dg_idx_array *out, char *err, size_t errcap) {
     if (fstat(fileno(s.f), &st) == 0 && (size_t)st.st_size < hdr + bytes) {
       char shp[160];
       shape_str(&a, shp, sizeof shp);
-      rc = dg__data_err(err, errcap, DG_EFORMAT,
+      rc = dg__fail_msg(err, errcap, DG_EFORMAT,
                         "%s: truncated: the header declares %s (%zu bytes of data) but only "
                         "%zu bytes follow it", path, shp, bytes, (size_t)st.st_size - hdr);
     }

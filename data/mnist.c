@@ -21,11 +21,11 @@ static void find_file(const char *dir, const char *stem, char *path, size_t cap)
 
 static int check_images(const dg_idx_array *im, const char *path, char *err, size_t errcap) {
   if (im->type != DG_IDX_U8 || im->ndim != 3)
-    return dg__data_err(err, errcap, DG_EFORMAT,
+    return dg__fail_msg(err, errcap, DG_EFORMAT,
                         "%s: expected u8 images with 3 dims (count, rows, cols), found %s "
                         "with %d dims", path, dg_idx_type_name(im->type), im->ndim);
   if (im->dims[0] == 0 || im->dims[1] == 0 || im->dims[2] == 0)
-    return dg__data_err(err, errcap, DG_EFORMAT, "%s: no images (dims %lld x %lld x %lld)",
+    return dg__fail_msg(err, errcap, DG_EFORMAT, "%s: no images (dims %lld x %lld x %lld)",
                         path, (long long)im->dims[0], (long long)im->dims[1],
                         (long long)im->dims[2]);
   return DG_OK;
@@ -34,17 +34,17 @@ static int check_images(const dg_idx_array *im, const char *path, char *err, siz
 static int check_labels(const dg_idx_array *lb, const dg_idx_array *im, int classes,
                         const char *lpath, const char *ipath, char *err, size_t errcap) {
   if (lb->type != DG_IDX_U8 || lb->ndim != 1)
-    return dg__data_err(err, errcap, DG_EFORMAT,
+    return dg__fail_msg(err, errcap, DG_EFORMAT,
                         "%s: expected u8 labels with 1 dim, found %s with %d dims", lpath,
                         dg_idx_type_name(lb->type), lb->ndim);
   if (lb->dims[0] != im->dims[0])
-    return dg__data_err(err, errcap, DG_EFORMAT,
+    return dg__fail_msg(err, errcap, DG_EFORMAT,
                         "%s: %lld labels, but %s holds %lld images (counts must match)",
                         lpath, (long long)lb->dims[0], ipath, (long long)im->dims[0]);
   const uint8_t *l = lb->data;
   for (size_t i = 0; i < lb->count; i++)
     if (l[i] >= classes)
-      return dg__data_err(err, errcap, DG_EFORMAT,
+      return dg__fail_msg(err, errcap, DG_EFORMAT,
                           "%s: label %d at index %zu is outside [0, %d]", lpath, l[i], i,
                           classes - 1);
   return DG_OK;
@@ -59,11 +59,11 @@ static int set_norm(dg_mnist *ds, const dg_mnist_opts *op, char *err, size_t err
     mean = op->mean;
     std = op->std;
   } else if (op->norm != DG_MNIST_NORM_FASHION) {
-    return dg__data_err(err, errcap, DG_EINVAL, "mnist_open: unknown normalisation %d",
+    return dg__fail_msg(err, errcap, DG_EINVAL, "mnist_open: unknown normalisation %d",
                         (int)op->norm);
   }
   if (!(std > 0))
-    return dg__data_err(err, errcap, DG_EINVAL, "mnist_open: std must be > 0 (got %g)",
+    return dg__fail_msg(err, errcap, DG_EINVAL, "mnist_open: std must be > 0 (got %g)",
                         (double)std);
   ds->scale = 1.0f / (255.0f * std);
   ds->shift = -mean / std;
@@ -80,7 +80,7 @@ int dg_mnist_open_opts(const char *dir, int train, const dg_mnist_opts *opts,
   const dg_mnist_opts *op = opts ? opts : &defaults;
   int classes = op->num_classes > 0 ? op->num_classes : 10;
   if (err && errcap) err[0] = 0;
-  if (!out) return dg__data_err(err, errcap, DG_EINVAL, "mnist_open: NULL output");
+  if (!out) return dg__fail_msg(err, errcap, DG_EINVAL, "mnist_open: NULL output");
   *out = NULL;
   if (!dir) dir = DG_FASHION_MNIST_DIR;
   if (classes > 256) classes = 256;
@@ -92,7 +92,7 @@ int dg_mnist_open_opts(const char *dir, int train, const dg_mnist_opts *opts,
   snprintf(stem, sizeof stem, "%s-labels-idx1-ubyte", pre);
   find_file(dir, stem, lpath, sizeof lpath);
   dg_mnist *ds = dg__calloc(1, sizeof *ds);
-  if (!ds) return dg__data_err(err, errcap, DG_ENOMEM, "mnist_open: out of memory");
+  if (!ds) return dg__fail_msg(err, errcap, DG_ENOMEM, "mnist_open: out of memory");
   dg_idx_array lb;
   memset(&lb, 0, sizeof lb);
   int rc = set_norm(ds, op, err, errcap);
@@ -101,7 +101,7 @@ int dg_mnist_open_opts(const char *dir, int train, const dg_mnist_opts *opts,
   if (!rc) rc = dg_idx_read(lpath, &lb, err, errcap);
   if (!rc) rc = check_labels(&lb, &ds->images, classes, lpath, ipath, err, errcap);
   if (!rc && !(ds->labels = dg__malloc(lb.count * sizeof(int64_t))))
-    rc = dg__data_err(err, errcap, DG_ENOMEM, "%s: out of memory", lpath);
+    rc = dg__fail_msg(err, errcap, DG_ENOMEM, "%s: out of memory", lpath);
   if (rc) {
     dg_idx_free(&lb);
     dg_mnist_free(ds);

@@ -25,14 +25,14 @@ struct dg_text {
 static int append_file(const char *path, uint8_t **buf, size_t *n, size_t *cap, char *err,
                        size_t errcap) {
   FILE *f = fopen(path, "rb");
-  if (!f) return dg__data_err(err, errcap, DG_EIO, "%s: cannot open: %s", path, strerror(errno));
+  if (!f) return dg__fail_msg(err, errcap, DG_EIO, "%s: cannot open: %s", path, strerror(errno));
   int rc = DG_OK;
   for (;;) {
     if (*cap - *n < 65536) {
       size_t nc = *cap ? *cap * 2 : 1 << 20;
       uint8_t *nb = dg__realloc(*buf, nc);
       if (!nb) {
-        rc = dg__data_err(err, errcap, DG_ENOMEM, "%s: out of memory", path);
+        rc = dg__fail_msg(err, errcap, DG_ENOMEM, "%s: out of memory", path);
         break;
       }
       *buf = nb;
@@ -42,7 +42,7 @@ static int append_file(const char *path, uint8_t **buf, size_t *n, size_t *cap, 
     *n += got;
     if (got == 0) {
       if (ferror(f))
-        rc = dg__data_err(err, errcap, DG_EIO, "%s: read error: %s", path, strerror(errno));
+        rc = dg__fail_msg(err, errcap, DG_EIO, "%s: read error: %s", path, strerror(errno));
       break;
     }
   }
@@ -58,7 +58,7 @@ static int cmp_str(const void *a, const void *b) {
 static int append_dir(const char *dir, uint8_t **buf, size_t *n, size_t *cap, char *err,
                       size_t errcap) {
   DIR *d = opendir(dir);
-  if (!d) return dg__data_err(err, errcap, DG_EIO, "%s: cannot open: %s", dir, strerror(errno));
+  if (!d) return dg__fail_msg(err, errcap, DG_EIO, "%s: cannot open: %s", dir, strerror(errno));
   char *names[512];
   int cnt = 0, rc = DG_OK;
   struct dirent *e;
@@ -78,7 +78,7 @@ static int append_dir(const char *dir, uint8_t **buf, size_t *n, size_t *cap, ch
     dg__free(names[i]);
   }
   if (!rc && !used)
-    rc = dg__data_err(err, errcap, DG_ENOTFOUND, "%s: no plain-text files (names without a "
+    rc = dg__fail_msg(err, errcap, DG_ENOTFOUND, "%s: no plain-text files (names without a "
                       "dot) in this directory", dir);
   return rc;
 }
@@ -97,26 +97,26 @@ static void build_vocab(dg_text *t) {
 int dg_text_open(const char *path, const dg_text_opts *opts, dg_text **out, char *err,
                  size_t errcap) {
   if (err && errcap) err[0] = 0;
-  if (!out) return dg__data_err(err, errcap, DG_EINVAL, "text_open: NULL output");
+  if (!out) return dg__fail_msg(err, errcap, DG_EINVAL, "text_open: NULL output");
   *out = NULL;
   if (!path) path = DG_FORTUNES_DIR;
   double vf = opts && opts->val_fraction != 0 ? opts->val_fraction : 0.1;
   if (vf < 0) vf = 0;
   if (vf >= 1)
-    return dg__data_err(err, errcap, DG_EINVAL, "text_open: val_fraction %g must be < 1", vf);
+    return dg__fail_msg(err, errcap, DG_EINVAL, "text_open: val_fraction %g must be < 1", vf);
   dg_text *t = dg__calloc(1, sizeof *t);
-  if (!t) return dg__data_err(err, errcap, DG_ENOMEM, "text_open: out of memory");
+  if (!t) return dg__fail_msg(err, errcap, DG_ENOMEM, "text_open: out of memory");
   struct stat st;
   size_t cap = 0;
   int rc;
   if (stat(path, &st) != 0)
-    rc = dg__data_err(err, errcap, DG_EIO, "%s: cannot open: %s", path, strerror(errno));
+    rc = dg__fail_msg(err, errcap, DG_EIO, "%s: cannot open: %s", path, strerror(errno));
   else if (S_ISDIR(st.st_mode))
     rc = append_dir(path, &t->tok, &t->n, &cap, err, errcap);
   else
     rc = append_file(path, &t->tok, &t->n, &cap, err, errcap);
   if (!rc && t->n < 2)
-    rc = dg__data_err(err, errcap, DG_EFORMAT, "%s: empty text (%zu bytes)", path, t->n);
+    rc = dg__fail_msg(err, errcap, DG_EFORMAT, "%s: empty text (%zu bytes)", path, t->n);
   if (rc) {
     dg_text_free(t);
     return rc;

@@ -4,7 +4,6 @@
  * torch's store-based barrier and sequence-number handshake. */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -20,17 +19,6 @@
 
 #define INFO_FMT "dgrad %s world=%d"
 
-static int fail(char *err, size_t cap, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t cap, int code, const char *fmt, ...) {
-  if (err && cap) {
-    va_list ap;
-    va_start(ap, fmt);
-    dg__vfmt(err, cap, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 static int iface_addr(const char *name, struct sockaddr_storage *ss) {
   struct ifaddrs *ifs = NULL;
@@ -71,7 +59,7 @@ static int pick_addr(const dg_pg_opts *o, struct sockaddr_storage *ss, char *err
   char what[300];
   if (ifn && *ifn) {
     if (iface_addr(ifn, ss) < 0)
-      return fail(err, cap, DG_EINVAL, "interface \"%s\" has no IP address", ifn);
+      return dg__fail_msg(err, cap, DG_EINVAL, "interface \"%s\" has no IP address", ifn);
     how = "interface";
     snprintf(what, sizeof what, "%s", ifn);
   } else if (o->route_to && *o->route_to && route_addr(o->route_to, ss) == 0) {
@@ -138,7 +126,7 @@ static int check_peer(void *arg, int peer) {
   snprintf(theirs, sizeof theirs, "%.*s", (int)DG_MIN(n, sizeof theirs - 1), (char *)v);
   dg_store_value_free(v);
   if (strcmp(theirs, mine) != 0)
-    return fail(cc->err, cc->cap, DG_EMISMATCH,
+    return dg__fail_msg(cc->err, cc->cap, DG_EMISMATCH,
                 "rank %d runs \"%s\" but rank %d runs \"%s\": versions and world sizes must "
                 "match", cc->pg->rank, mine, peer, theirs);
   cc->ndgrad++;
@@ -154,12 +142,12 @@ static int store_barrier(dg_pg *pg, char *err, size_t cap) {
   int rc = dg_store_add(pg->s_pg, key, 1, &v);
   while (rc == DG_OK && v < pg->size) {
     if (dg__now_ms() >= dl)
-      return fail(err, cap, DG_ETIMEDOUT, "store-based barrier: %lld of %d ranks after %d ms",
+      return dg__fail_msg(err, cap, DG_ETIMEDOUT, "store-based barrier: %lld of %d ranks after %d ms",
                   (long long)v, pg->size, pg->timeout_ms);
     usleep(10000);
     rc = dg_store_add(pg->s_pg, key, 0, &v);
   }
-  if (rc != DG_OK) return fail(err, cap, rc, "store-based barrier: %s", dg_store_errmsg(pg->s_pg));
+  if (rc != DG_OK) return dg__fail_msg(err, cap, rc, "store-based barrier: %s", dg_store_errmsg(pg->s_pg));
   return DG_OK;
 }
 
@@ -178,7 +166,7 @@ static int seq_handshake(dg_pg *pg, char *err, size_t cap) {
     rc = dg_store_get(pg->s_grp, key, &v, &n, 0);
     dg_store_value_free(v);
   }
-  if (rc != DG_OK) return fail(err, cap, rc, "sequence number: %s", dg_store_errmsg(pg->s_grp));
+  if (rc != DG_OK) return dg__fail_msg(err, cap, rc, "sequence number: %s", dg_store_errmsg(pg->s_grp));
   return DG_OK;
 }
 
@@ -209,14 +197,14 @@ static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) 
   snprintf(key, sizeof key, "dgrad_info/%d", pg->rank);
   snprintf(info, sizeof info, INFO_FMT, dg_version(), pg->size);
   if ((rc = dg_store_set(pg->k_grp, key, info, strlen(info))) != DG_OK)
-    return fail(err, cap, rc, "publishing version: %s", dg_store_errmsg(pg->k_grp));
+    return dg__fail_msg(err, cap, rc, "publishing version: %s", dg_store_errmsg(pg->k_grp));
   char hk[48], hv[512], host[256] = "";
   gethostname(host, sizeof host - 1);
   snprintf(hk, sizeof hk, "dgrad_host/%d", pg->rank);
   snprintf(hv, sizeof hv, "%s %d %llx", host, (int)getpid(),
            (unsigned long long)(uintptr_t)dg__cma_probe());
   if ((rc = dg_store_set(pg->k_grp, hk, hv, strlen(hv))) != DG_OK)
-    return fail(err, cap, rc, "publishing host: %s", dg_store_errmsg(pg->k_grp));
+    return dg__fail_msg(err, cap, rc, "publishing host: %s", dg_store_errmsg(pg->k_grp));
   check_ctx cc = {pg, 0, err, cap, dg__calloc((size_t)pg->size, sizeof(char *)),
                   dg__calloc((size_t)pg->size, sizeof(uint64_t))};
   pg->pids = dg__calloc((size_t)pg->size, sizeof(int));
@@ -242,7 +230,7 @@ static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_sto
   const char *be = o->backend ? o->backend : getenv("DG_BACKEND");
   int ucx = be && !strcmp(be, "ucx");
   if (be && *be && strcmp(be, "tcp") != 0 && !(ucx && DG_HAVE_UCX))
-    return fail(err, cap, DG_EUNSUPPORTED, "backend \"%s\" is not available (have: tcp%s)", be,
+    return dg__fail_msg(err, cap, DG_EUNSUPPORTED, "backend \"%s\" is not available (have: tcp%s)", be,
                 DG_HAVE_UCX ? ", ucx" : "");
 #if DG_HAVE_UCX
   if (ucx) rc = dg__ucx_xport_new(&pg->x, &xo, err, cap);
@@ -252,7 +240,7 @@ static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_sto
   if (rc != DG_OK) return rc;
   pg->all_dgrad = pg->x->all_dgrad;
   if (pg->all_dgrad && (rc = dg__cma_setup(pg, cc->probe, (const char *const *)cc->hosts)))
-    return fail(err, cap, rc, "%s", pg->err);
+    return dg__fail_msg(err, cap, rc, "%s", pg->err);
   return DG_OK;
 }
 
@@ -284,7 +272,7 @@ static int new_pg(dg_pg **out, const dg_pg_opts *o, dg_store *own, char *err, si
   if (!out || !o || !o->store || o->world_size < 1 || o->rank < 0 ||
       o->rank >= o->world_size) {
     dg_store_free(own);
-    return fail(err, cap, DG_EINVAL, "dg_pg_new: need a store, 0 <= rank < world_size");
+    return dg__fail_msg(err, cap, DG_EINVAL, "dg_pg_new: need a store, 0 <= rank < world_size");
   }
   *out = NULL;
   dg_pg *pg = dg__calloc(1, sizeof *pg);
@@ -341,7 +329,7 @@ int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap) {
   if (!addr || !*addr) addr = "127.0.0.1";
   if (!out) return DG_EINVAL;
   if (rank < 0 || world < 1 || rank >= world || port < 0 || port > 65535)
-    return fail(err, cap, DG_EINVAL,
+    return dg__fail_msg(err, cap, DG_EINVAL,
                 "environment: need RANK and WORLD_SIZE (or SLURM_PROCID/SLURM_NTASKS, "
                 "OMPI_COMM_WORLD_RANK/SIZE) with 0 <= RANK < WORLD_SIZE, and a valid "
                 "MASTER_PORT");
@@ -350,7 +338,7 @@ int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap) {
   dg_store *st = NULL;
   int rc = dg_tcp_store_new(&st, &so);
   if (rc != DG_OK)
-    return fail(err, cap, rc, "TCPStore %s:%d (%s): %s", addr, port,
+    return dg__fail_msg(err, cap, rc, "TCPStore %s:%d (%s): %s", addr, port,
                 rank == 0 ? "hosting" : "client", dg_err_name(rc));
   dg_pg_opts o = {.rank = rank, .world_size = world, .store = st, .timeout_ms = timeout_ms,
                   .route_to = addr};

@@ -112,8 +112,7 @@ int dg__coll_recv(dg_coll *c, dg_xop *op, int peer, void *buf, size_t n);
 int dg__coll_wait(dg_coll *c, dg_xop *op);
 /* Fails the work with a transport-level error (_peer: blaming that rank,
  * whom the transport then names to the other ranks). */
-int dg__coll_fail(dg_coll *c, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+#define dg__coll_fail(c, code, ...) dg__coll_fail_peer(c, code, -1, __VA_ARGS__)
 int dg__coll_fail_peer(dg_coll *c, int code, int peer, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

@@ -42,15 +42,6 @@ static int work_fail(dg_work *w, dg_xport *x, int code, int peer, const char *de
   return code;
 }
 
-int dg__coll_fail(dg_coll *c, int code, const char *fmt, ...) {
-  char d[384];
-  va_list ap;
-  va_start(ap, fmt);
-  dg__vfmt(d, sizeof d, fmt, ap);
-  va_end(ap);
-  return work_fail(c->w, c->x, code, -1, d);
-}
-
 int dg__coll_fail_peer(dg_coll *c, int code, int peer, const char *fmt, ...) {
   char d[384];
   va_list ap;
@@ -60,25 +51,24 @@ int dg__coll_fail_peer(dg_coll *c, int code, int peer, const char *fmt, ...) {
   return work_fail(c->w, c->x, code, peer, d);
 }
 
-void *dg__coll_scratch(dg_coll *c, size_t bytes) {
-  dg_pg *pg = c->pg;
-  if (bytes > pg->scratch_cap) {
-    dg__free(pg->scratch);
-    pg->scratch = dg__malloc(bytes);
-    pg->scratch_cap = pg->scratch ? bytes : 0;
+/* A grow-only buffer of at least `bytes` (contents not kept on growth). */
+static void *grow(void **buf, size_t *cap, size_t bytes) {
+  if (bytes > *cap) {
+    dg__free(*buf);
+    *buf = dg__malloc(bytes);
+    *cap = *buf ? bytes : 0;
   }
-  return pg->scratch;
+  return *buf;
+}
+
+void *dg__coll_scratch(dg_coll *c, size_t bytes) {
+  return grow(&c->pg->scratch, &c->pg->scratch_cap, bytes);
 }
 
 void *dg__coll_tmp(dg_coll *c, size_t bytes) {
-  dg_pg *pg = c->pg;
-  if (bytes > pg->tmp_cap) {
-    dg__free(pg->tmp);
-    pg->tmp = dg__malloc(bytes);
-    pg->tmp_cap = pg->tmp ? bytes : 0;
-  }
-  if (pg->tmp) memset(pg->tmp, 0, bytes);
-  return pg->tmp;
+  void *p = grow(&c->pg->tmp, &c->pg->tmp_cap, bytes);
+  if (p) memset(p, 0, bytes);
+  return p;
 }
 
 static int post(dg_coll *c, dg_xop *op, int peer, void *buf, size_t n, int send) {

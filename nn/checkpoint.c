@@ -17,17 +17,6 @@
 #define CK_MAX_DIMS 8
 #define CK_VERSION "1"
 
-static int ck_err(char *err, size_t cap, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int ck_err(char *err, size_t cap, int code, const char *fmt, ...) {
-  if (err && cap) {
-    va_list ap;
-    va_start(ap, fmt);
-    dg__vfmt(err, cap, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 static int host_is_le(void) {
   const uint16_t one = 1;
@@ -253,12 +242,12 @@ static int fsync_dir_of(const char *path) {
 
 static int check_save_args(const char *path, const dg_checkpoint *c, char *err, size_t cap) {
   if (!path || !*path || !c || !c->params)
-    return ck_err(err, cap, DG_EINVAL, "checkpoint save: path and params are required");
+    return dg__fail_msg(err, cap, DG_EINVAL, "checkpoint save: path and params are required");
   if (c->nextra < 0 || (c->nextra && (!c->extra_keys || !c->extra_vals)))
-    return ck_err(err, cap, DG_EINVAL, "checkpoint save: bad extra metadata");
+    return dg__fail_msg(err, cap, DG_EINVAL, "checkpoint save: bad extra metadata");
   for (int i = 0; i < c->nextra; i++)
     if (!c->extra_keys[i] || !c->extra_vals[i] || !strncmp(c->extra_keys[i], "__", 2))
-      return ck_err(err, cap, DG_EINVAL, "checkpoint save: bad extra metadata key %d", i);
+      return dg__fail_msg(err, cap, DG_EINVAL, "checkpoint save: bad extra metadata key %d", i);
   return DG_OK;
 }
 
@@ -268,13 +257,13 @@ int dg_checkpoint_save(const char *path, const dg_checkpoint *c, char *err, size
   sbuf hdr = {0};
   if ((rc = build_header(c, &hdr))) {
     dg__free(hdr.p);
-    return ck_err(err, errcap, rc, "%s: cannot build the header (%s)", path, dg_strerror(rc));
+    return dg__fail_msg(err, errcap, rc, "%s: cannot build the header (%s)", path, dg_strerror(rc));
   }
   size_t plen = strlen(path);
   char *tmp = dg__malloc(plen + 16);
   if (!tmp) {
     dg__free(hdr.p);
-    return ck_err(err, errcap, DG_ENOMEM, "%s: out of memory", path);
+    return dg__fail_msg(err, errcap, DG_ENOMEM, "%s: out of memory", path);
   }
   snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
   int fd = mkstemp(tmp), e = 0;
@@ -290,7 +279,7 @@ int dg_checkpoint_save(const char *path, const dg_checkpoint *c, char *err, size
   dg__free(hdr.p);
   dg__free(tmp);
   if (e)
-    return ck_err(err, errcap, DG_EIO, "%s: cannot %s it: %s (the previous checkpoint, if "
+    return dg__fail_msg(err, errcap, DG_EIO, "%s: cannot %s it: %s (the previous checkpoint, if "
                   "any, is intact)", path, what, strerror(e));
   return DG_OK;
 }
@@ -576,28 +565,28 @@ static int read_header(const char *path, FILE **f, ck_parser *p, uint64_t *data_
                        char *err, size_t cap) {
   memset(p, 0, sizeof *p);
   *f = fopen(path, "rb");
-  if (!*f) return ck_err(err, cap, DG_EIO, "%s: cannot open: %s", path, strerror(errno));
+  if (!*f) return dg__fail_msg(err, cap, DG_EIO, "%s: cannot open: %s", path, strerror(errno));
   struct stat st;
   uint8_t len8[8];
   if (fstat(fileno(*f), &st))
-    return ck_err(err, cap, DG_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    return dg__fail_msg(err, cap, DG_EIO, "%s: cannot stat: %s", path, strerror(errno));
   uint64_t fsize = (uint64_t)st.st_size, n = 0;
   if (fsize < 8 || fread(len8, 1, 8, *f) != 8)
-    return ck_err(err, cap, DG_EFORMAT, "%s: file is %" PRIu64 " bytes, too short for the "
+    return dg__fail_msg(err, cap, DG_EFORMAT, "%s: file is %" PRIu64 " bytes, too short for the "
                   "8-byte header length", path, fsize);
   for (int i = 7; i >= 0; i--) n = (n << 8) | len8[i];
   if (n < 2 || n > CK_MAX_HEADER || n > fsize - 8)
-    return ck_err(err, cap, DG_EFORMAT, "%s: header length %" PRIu64 " is invalid (file is %"
+    return dg__fail_msg(err, cap, DG_EFORMAT, "%s: header length %" PRIu64 " is invalid (file is %"
                   PRIu64 " bytes; limit %u)", path, n, fsize, CK_MAX_HEADER);
   p->s = dg__malloc((size_t)n + 1);
-  if (!p->s) return ck_err(err, cap, DG_ENOMEM, "%s: out of memory for the header", path);
+  if (!p->s) return dg__fail_msg(err, cap, DG_ENOMEM, "%s: out of memory for the header", path);
   p->n = (size_t)n;
   if (fread(p->s, 1, p->n, *f) != p->n)
-    return ck_err(err, cap, DG_EIO, "%s: cannot read the header", path);
+    return dg__fail_msg(err, cap, DG_EIO, "%s: cannot read the header", path);
   p->s[p->n] = 0;
   int rc = parse_header(p);
-  if (rc == DG_ENOMEM) return ck_err(err, cap, rc, "%s: out of memory", path);
-  if (rc) return ck_err(err, cap, rc, "%s: %s", path, p->msg);
+  if (rc == DG_ENOMEM) return dg__fail_msg(err, cap, rc, "%s: out of memory", path);
+  if (rc) return dg__fail_msg(err, cap, rc, "%s: %s", path, p->msg);
   *data_bytes = fsize - 8 - n;
   return DG_OK;
 }
@@ -634,12 +623,12 @@ static int resolve(ck_load *L, ck_entry *e, int *slot) {
       }
     }
     if (k == ns)
-      return ck_err(L->err, L->cap, DG_ENOTFOUND, "%s: %s: the %s optimizer has no such state",
+      return dg__fail_msg(L->err, L->cap, DG_ENOTFOUND, "%s: %s: the %s optimizer has no such state",
                     L->path, e->name, dg_optim_name(c->optim));
   }
   dg_tensor *t = dg_params_find(c->params, pname);
   if (!t)
-    return ck_err(L->err, L->cap, DG_ENOTFOUND, "%s: %s: tensor in file, not in model",
+    return dg__fail_msg(L->err, L->cap, DG_ENOTFOUND, "%s: %s: tensor in file, not in model",
                   L->path, e->name);
   int i = dg_param_index(t);
   *slot = i + np * (k + 1);
@@ -651,18 +640,18 @@ static int resolve(ck_load *L, ck_entry *e, int *slot) {
 static int check_entry(ck_load *L, ck_entry *e, const dg_tensor *t) {
   char fs[96], ms[96];
   if (strcmp(e->dtype, "F32"))
-    return ck_err(L->err, L->cap, DG_EDTYPE, "%s: %s: dtype %s in file, F32 in model",
+    return dg__fail_msg(L->err, L->cap, DG_EDTYPE, "%s: %s: dtype %s in file, F32 in model",
                   L->path, e->name, e->dtype);
   int same = e->ndim == dg_tensor_ndim(t);
   for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == dg_tensor_dim(t, d);
   if (!same) {
     shape_str(fs, sizeof fs, e->ndim, e->shape);
     shape_str(ms, sizeof ms, dg_tensor_ndim(t), dg_tensor_shape(t));
-    return ck_err(L->err, L->cap, DG_ESHAPE, "%s: %s: shape %s in file, %s in model", L->path,
+    return dg__fail_msg(L->err, L->cap, DG_ESHAPE, "%s: %s: shape %s in file, %s in model", L->path,
                   e->name, fs, ms);
   }
   if (e->end < e->begin || e->end - e->begin != (uint64_t)e->numel * 4)
-    return ck_err(L->err, L->cap, DG_EFORMAT, "%s: %s: data_offsets [%" PRIu64 ", %" PRIu64
+    return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: %s: data_offsets [%" PRIu64 ", %" PRIu64
                   "] hold %" PRId64 " bytes, shape needs %" PRId64, L->path, e->name, e->begin,
                   e->end, (int64_t)(e->end - e->begin), e->numel * 4);
   return DG_OK;
@@ -680,15 +669,15 @@ static int check_tiling(ck_load *L, ck_parser *p, uint64_t data_bytes) {
   for (int j = 0; j < p->nents; j++) {
     ck_entry *e = &p->ents[j];
     if (e->end < e->begin)
-      return ck_err(L->err, L->cap, DG_EFORMAT, "%s: %s: data_offsets end before begin",
+      return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: %s: data_offsets end before begin",
                     L->path, e->name);
     if (e->begin != at)
-      return ck_err(L->err, L->cap, DG_EFORMAT, "%s: %s: data_offsets begin at %" PRIu64
+      return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: %s: data_offsets begin at %" PRIu64
                     ", expected %" PRIu64 " (gap or overlap)", L->path, e->name, e->begin, at);
     at = e->end;
   }
   if (at != data_bytes)
-    return ck_err(L->err, L->cap, DG_EFORMAT, "%s: %s: tensors need %" PRIu64 " data bytes, the "
+    return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: %s: tensors need %" PRIu64 " data bytes, the "
                   "file holds %" PRIu64, L->path, at > data_bytes ? "truncated" : "trailing data",
                   at, data_bytes);
   return DG_OK;
@@ -698,7 +687,7 @@ static int check_optim_kind(ck_load *L, const ck_parser *p) {
   if (!L->c->optim) return DG_OK;
   const char *kind = meta_get(p, "optim"), *want = dg_optim_name(L->c->optim);
   if (!kind || strcmp(kind, want))
-    return ck_err(L->err, L->cap, DG_EMISMATCH, "%s: optimizer %s in file, %s in the program",
+    return dg__fail_msg(L->err, L->cap, DG_EMISMATCH, "%s: optimizer %s in file, %s in the program",
                   L->path, kind ? kind : "(none)", want);
   return DG_OK;
 }
@@ -714,7 +703,7 @@ static int validate(ck_load *L, ck_parser *p, uint64_t data_bytes) {
     if (rc) return rc;
     if (slot < 0) continue;
     if (L->found[slot])
-      return ck_err(L->err, L->cap, DG_EFORMAT, "%s: %s: duplicate tensor", L->path, e->name);
+      return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: %s: duplicate tensor", L->path, e->name);
     L->found[slot] = 1;
     if ((rc = check_entry(L, e, dg_params_get(c->params, slot % np)))) return rc;
   }
@@ -724,7 +713,7 @@ static int validate(ck_load *L, ck_parser *p, uint64_t data_bytes) {
     float *b;
     size_t n;
     if (s >= np) dg_optim_state_get(c->optim, s / np - 1, &sname, &b, &n);
-    return ck_err(L->err, L->cap, DG_ENOTFOUND, "%s: %s%s%s%s: in model, missing from file",
+    return dg__fail_msg(L->err, L->cap, DG_ENOTFOUND, "%s: %s%s%s%s: in model, missing from file",
                   L->path, s >= np ? "optim." : "", sname, s >= np ? "." : "",
                   dg_tensor_name(dg_params_get(c->params, s % np)));
   }
@@ -733,12 +722,12 @@ static int validate(ck_load *L, ck_parser *p, uint64_t data_bytes) {
 
 static int parse_meta_i64(ck_load *L, const ck_parser *p, const char *key, int64_t *v) {
   const char *s = meta_get(p, key);
-  if (!s) return ck_err(L->err, L->cap, DG_ENOTFOUND, "%s: metadata \"%s\" missing", L->path, key);
+  if (!s) return dg__fail_msg(L->err, L->cap, DG_ENOTFOUND, "%s: metadata \"%s\" missing", L->path, key);
   char *end;
   errno = 0;
   long long x = strtoll(s, &end, 10);
   if (errno || end == s || *end)
-    return ck_err(L->err, L->cap, DG_EFORMAT, "%s: metadata \"%s\" = \"%s\" is not an integer",
+    return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: metadata \"%s\" = \"%s\" is not an integer",
                   L->path, key, s);
   *v = x;
   return DG_OK;
@@ -746,12 +735,12 @@ static int parse_meta_i64(ck_load *L, const ck_parser *p, const char *key, int64
 
 static int parse_meta_u64(ck_load *L, const ck_parser *p, const char *key, uint64_t *v) {
   const char *s = meta_get(p, key);
-  if (!s) return ck_err(L->err, L->cap, DG_ENOTFOUND, "%s: metadata \"%s\" missing", L->path, key);
+  if (!s) return dg__fail_msg(L->err, L->cap, DG_ENOTFOUND, "%s: metadata \"%s\" missing", L->path, key);
   char *end;
   errno = 0;
   unsigned long long x = strtoull(s, &end, 10);
   if (errno || end == s || *end || *s == '-')
-    return ck_err(L->err, L->cap, DG_EFORMAT, "%s: metadata \"%s\" = \"%s\" is not a u64",
+    return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: metadata \"%s\" = \"%s\" is not a u64",
                   L->path, key, s);
   *v = x;
   return DG_OK;
@@ -779,7 +768,7 @@ static int read_meta(ck_load *L, const ck_parser *p, ck_meta *m) {
   char *end;
   m->lr = lr ? strtof(lr, &end) : 0;
   if (!lr || end == lr || *end)
-    return ck_err(L->err, L->cap, DG_EFORMAT, "%s: metadata \"optim_lr\" missing or invalid",
+    return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: metadata \"optim_lr\" missing or invalid",
                   L->path);
   return DG_OK;
 }
@@ -790,7 +779,7 @@ static int stream_data(ck_load *L, FILE *f, const ck_parser *p, uint64_t data_st
     if (!e->dst) continue;
     if (fseeko(f, (off_t)(data_start + e->begin), SEEK_SET) ||
         fread(e->dst, 4, (size_t)e->numel, f) != (size_t)e->numel)
-      return ck_err(L->err, L->cap, DG_EIO, "%s: %s: cannot read the data (%s)", L->path,
+      return dg__fail_msg(L->err, L->cap, DG_EIO, "%s: %s: cannot read the data (%s)", L->path,
                     e->name, ferror(f) ? strerror(errno) : "unexpected end of file");
     if (!host_is_le()) swap32(e->dst, (size_t)e->numel);
   }
@@ -804,21 +793,21 @@ static int apply_meta(ck_load *L, const ck_meta *m) {
   if (c->optim) {
     dg_optim_set_lr(c->optim, m->lr);
     if (dg_optim_set_step(c->optim, m->ostep))
-      return ck_err(L->err, L->cap, DG_EFORMAT, "%s: optim_step %" PRId64 " refused", L->path,
+      return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: optim_step %" PRId64 " refused", L->path,
                     m->ostep);
   }
   if (c->loader && dg_loader_seek(c->loader, m->epoch, m->batch))
-    return ck_err(L->err, L->cap, DG_EFORMAT, "%s: data position (epoch %" PRId64 ", batch %"
+    return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: data position (epoch %" PRId64 ", batch %"
                   PRId64 ") is out of range for this loader", L->path, m->epoch, m->batch);
   return DG_OK;
 }
 
 int dg_checkpoint_load(const char *path, dg_checkpoint *c, char *err, size_t errcap) {
   if (!path || !c || !c->params)
-    return ck_err(err, errcap, DG_EINVAL, "checkpoint load: path and params are required");
+    return dg__fail_msg(err, errcap, DG_EINVAL, "checkpoint load: path and params are required");
   int np = dg_params_count(c->params), ns = c->optim ? dg_optim_state_count(c->optim) : 0;
   ck_load L = {path, err, errcap, c, dg__calloc((size_t)np * (size_t)(1 + ns) + 1, 1)};
-  if (!L.found) return ck_err(err, errcap, DG_ENOMEM, "%s: out of memory", path);
+  if (!L.found) return dg__fail_msg(err, errcap, DG_ENOMEM, "%s: out of memory", path);
   FILE *f = NULL;
   ck_parser p;
   uint64_t data_bytes = 0;
@@ -837,16 +826,16 @@ int dg_checkpoint_load(const char *path, dg_checkpoint *c, char *err, size_t err
 int dg_checkpoint_meta(const char *path, const char *key, char *val, size_t cap, char *err,
                        size_t errcap) {
   if (!path || !key || !val || !cap)
-    return ck_err(err, errcap, DG_EINVAL, "checkpoint meta: bad arguments");
+    return dg__fail_msg(err, errcap, DG_EINVAL, "checkpoint meta: bad arguments");
   FILE *f = NULL;
   ck_parser p;
   uint64_t data_bytes;
   int rc = read_header(path, &f, &p, &data_bytes, err, errcap);
   if (!rc) {
     const char *v = meta_get(&p, key);
-    if (!v) rc = ck_err(err, errcap, DG_ENOTFOUND, "%s: no metadata \"%s\"", path, key);
+    if (!v) rc = dg__fail_msg(err, errcap, DG_ENOTFOUND, "%s: no metadata \"%s\"", path, key);
     else if (strlen(v) >= cap)
-      rc = ck_err(err, errcap, DG_EINVAL, "%s: metadata \"%s\" longer than %zu bytes", path,
+      rc = dg__fail_msg(err, errcap, DG_EINVAL, "%s: metadata \"%s\" longer than %zu bytes", path,
                   key, cap - 1);
     else memcpy(val, v, strlen(v) + 1);
   }

@@ -164,6 +164,16 @@ void dg__vfmt(char *buf, size_t cap, const char *fmt, va_list ap) {
   if (n < 0) buf[0] = 0;
 }
 
+int dg__fail_msg(char *err, size_t cap, int code, const char *fmt, ...) {
+  if (err && cap) {
+    va_list ap;
+    va_start(ap, fmt);
+    dg__vfmt(err, cap, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
 void dg__log(dg_log_level level, const char *fmt, ...) {
   if (level > dg_get_log_level()) return;
   char msg[1024];

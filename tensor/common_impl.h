@@ -35,6 +35,10 @@ _Noreturn void dg__assert_fail(const char *expr, const char *file, int line);
 
 /* Bounded formatting into a fixed buffer (truncates, always terminates). */
 void dg__vfmt(char *buf, size_t cap, const char *fmt, va_list ap);
+/* Formats into err (cap bytes) when err is non-NULL; returns code: the
+ * one-line failure of functions that report into a caller's buffer. */
+int dg__fail_msg(char *err, size_t cap, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #define DG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DG_MAX(a, b) ((a) > (b) ? (a) : (b))
