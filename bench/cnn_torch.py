@@ -13,20 +13,12 @@ Run with /usr/bin/python3 (Debian's python3-torch 1.13). OMP_WAIT_POLICY is
 read from the environment (it must be set before torch starts) and reported.
 heap_allocs_per_step is not measured for torch (null).
 
-Threads. Debian's torch does its GEMMs in OpenBLAS (BLAS_INFO=generic), and
-torch.set_num_threads() does not reach OpenBLAS's own pool, which starts one
-thread per core. So that --threads T means T compute threads, this script sets
-OPENBLAS_NUM_THREADS=T before torch loads (--blas-threads overrides it; 0
-leaves OpenBLAS at its default, i.e. what a plain `import torch` gets) and
-reports it as "blas_threads".
+Threads: --threads T means T compute threads (torch_setup.py sets
+OPENBLAS_NUM_THREADS too); reported as "blas_threads".
 """
 import argparse
-import json
-import os
-import resource
-import time
 
-from torch_setup import add_thread_args, import_torch
+from torch_setup import add_thread_args, import_torch, report, time_steps
 
 
 def main():
@@ -55,23 +47,8 @@ def main():
         opt.step()
         return loss
 
-    for _ in range(a.warmup):
-        step()
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        loss = step()
-    dt = time.perf_counter() - t0
-
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(json.dumps({
-        "impl": "torch", "model": "cnn", "batch": a.batch, "threads": a.threads, "steps": a.steps,
-        "steps_per_s": round(a.steps / dt, 3), "peak_rss_mib": round(rss, 1),
-        "heap_allocs_per_step": None,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
-        "blas_threads": blas,
-        "loss": round(float(loss), 5),
-    }), flush=True)
-
+    done, wall, cpu, loss = time_steps(step, a.warmup, a.steps)
+    report(a, blas, done, wall, cpu, loss, model="cnn")
 
 if __name__ == "__main__":
     main()

@@ -17,13 +17,9 @@ As in mlp_torch.py, OPENBLAS_NUM_THREADS is set to --threads before torch loads
 does not reach); --blas-threads overrides it (0: OpenBLAS default).
 """
 import argparse
-import json
 import math
-import os
-import resource
-import time
 
-from torch_setup import add_thread_args, import_torch
+from torch_setup import add_thread_args, import_torch, report, time_steps
 
 
 def build(torch, nn, V, L, H, C, T):
@@ -110,27 +106,9 @@ def main():
         opt.step()
         return loss
 
-    for _ in range(a.warmup):
-        step()
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    for _ in range(a.steps):
-        loss = step()
-    dt = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(json.dumps({
-        "impl": "torch", "model": "gpt", "batch": a.batch, "threads": a.threads,
-        "steps": a.steps, "steps_per_s": round(a.steps / dt, 3),
-        "tokens_per_s": round(a.steps * a.batch * a.context / dt),
-        "cpu_ms_per_step": round(1e3 * cpu / a.steps, 2),
-        "peak_rss_mib": round(rss, 1), "heap_allocs_per_step": None,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
-        "blas_threads": blas,
-        "loss": round(float(loss), 5),
-    }), flush=True)
-
+    done, wall, cpu, loss = time_steps(step, a.warmup, a.steps)
+    report(a, blas, done, wall, cpu, loss, model="gpt",
+           tokens_per_s=round(done * a.batch * a.context / wall))
 
 if __name__ == "__main__":
     main()

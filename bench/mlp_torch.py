@@ -16,20 +16,12 @@ read from the environment (it must be set before torch starts) and reported.
 heap_allocs_per_step is not measured for torch (null). cpu_ms_per_step is the
 process's CPU time (all threads) over the timed steps, as in bench/mlp.c.
 
-Threads. Debian's torch does its GEMMs in OpenBLAS (BLAS_INFO=generic), and
-torch.set_num_threads() does not reach OpenBLAS's own pool, which starts one
-thread per core. So that --threads T means T compute threads, this script sets
-OPENBLAS_NUM_THREADS=T before torch loads (--blas-threads overrides it; 0
-leaves OpenBLAS at its default, i.e. what a plain `import torch` gets) and
-reports it as "blas_threads".
+Threads: --threads T means T compute threads (torch_setup.py sets
+OPENBLAS_NUM_THREADS too); reported as "blas_threads".
 """
 import argparse
-import json
-import os
-import resource
-import time
 
-from torch_setup import add_thread_args, import_torch
+from torch_setup import add_thread_args, import_torch, report, time_steps
 
 
 def main():
@@ -58,32 +50,8 @@ def main():
         opt.step()
         return loss
 
-    for _ in range(a.warmup):
-        step()
-    def cpu_s():
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        return ru.ru_utime + ru.ru_stime
-
-    t0, c0 = time.perf_counter(), cpu_s()
-    done = 0
-    while done < a.steps:
-        loss = step()
-        done += 1
-        if a.max_seconds > 0 and time.perf_counter() - t0 > a.max_seconds:
-            break
-    dt, dc = time.perf_counter() - t0, cpu_s() - c0
-
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(json.dumps({
-        "impl": "torch", "batch": a.batch, "threads": a.threads, "steps": done,
-        "steps_per_s": round(done / dt, 2),
-        "cpu_ms_per_step": round(1e3 * dc / done, 4), "peak_rss_mib": round(rss, 1),
-        "heap_allocs_per_step": None,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
-        "blas_threads": blas,
-        "loss": round(float(loss), 5),
-    }), flush=True)
-
+    done, wall, cpu, loss = time_steps(step, a.warmup, a.steps, a.max_seconds)
+    report(a, blas, done, wall, cpu, loss)
 
 if __name__ == "__main__":
     main()
