@@ -73,12 +73,6 @@ static int futex(uint32_t *w, int op, uint32_t v, const struct timespec *ts) {
   return (int)syscall(SYS_futex, w, op, v, ts, NULL, 0);
 }
 
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 /* A slow link simulated (DG_SIM_LINK_GBIT, for benchmarks of overlap): a
  * collective that moved `bytes` per rank returns no earlier than a link of
  * that rate would have carried them since t0 (2(W-1)/W of them, as a ring
@@ -117,7 +111,7 @@ static int wait_word(dg_coll *c, int p, uint32_t *word, uint32_t *sleepers, uint
          (t < SPIN_WAITED_NS && __atomic_load_n(&c->pg->nwaiting, __ATOMIC_RELAXED) > 0)) {
     /* Past a few microseconds the peer may be waiting for this very core
      * (more ranks than free cores): let it run. */
-    if (t < PAUSE_NS) for (int i = 0; i < 16; i++) cpu_relax();
+    if (t < PAUSE_NS) for (int i = 0; i < 16; i++) dg__cpu_relax();
     else sched_yield();
     if (reached(word, v)) return DG_OK;
   }

@@ -40,6 +40,13 @@ void dg__vfmt(char *buf, size_t cap, const char *fmt, va_list ap);
 int dg__fail_msg(char *err, size_t cap, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* A spin-wait hint to the core (PAUSE on x86, nothing elsewhere). */
+static inline void dg__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 #define DG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DG_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -42,8 +42,6 @@ static struct {
 static int g_threads;
 static _Thread_local int t_in_task;
 
-static void cpu_relax(void) { __builtin_ia32_pause(); }
-
 static void futex_wait(atomic_uint *addr, unsigned val) {
   syscall(SYS_futex, (unsigned *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
 }
@@ -80,7 +78,7 @@ static void *worker(void *unused) {
     int spins = 0;
     while ((g = atomic_load_explicit(&g_pool.gen, memory_order_acquire)) == seen) {
       if (atomic_load(&g_pool.stop)) return NULL;
-      if (++spins < SPIN_ITERS) cpu_relax();
+      if (++spins < SPIN_ITERS) dg__cpu_relax();
       else futex_wait(&g_pool.gen, seen);
     }
     seen = g;
@@ -133,7 +131,7 @@ void dg__parallel_for(int ntasks, dg__task_fn fn, void *arg) {
   atomic_store_explicit(&g_pool.gen, gen, memory_order_release);
   futex_wake_all(&g_pool.gen);
   run_tasks(gen);
-  while (atomic_load_explicit(&g_pool.left, memory_order_acquire) > 0) cpu_relax();
+  while (atomic_load_explicit(&g_pool.left, memory_order_acquire) > 0) dg__cpu_relax();
   pthread_mutex_unlock(&g_pool.busy);
 }
 

@@ -595,7 +595,7 @@ static int tcp_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
          dg__now_ns() < spin_end) {
     if (__atomic_load_n(&x->loop_wants_lock, __ATOMIC_RELAXED) ||
         pthread_mutex_trylock(&x->mu) != 0) {
-      for (int i = 0; i < 64; i++) __builtin_ia32_pause();
+      for (int i = 0; i < 64; i++) dg__cpu_relax();
       continue;
     }
     if (p->fd >= 0 && !x->err && op->status == DG_XOP_PENDING) {

@@ -392,7 +392,7 @@ static int ucx_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
     if (now - last > (int64_t)YIELD_MS * 1000000 || now / 1000000 >= deadline_ms) break;
     if (now - last > spin) sched_yield();
     if (pthread_mutex_trylock(&x->mu) != 0) {
-      for (int i = 0; i < 64; i++) __builtin_ia32_pause();
+      for (int i = 0; i < 64; i++) dg__cpu_relax();
       continue;
     }
     if (op->status == DG_XOP_PENDING) {
