@@ -15,6 +15,7 @@
 
 #include "dgrad.h"
 #include "dgrad/dist.h"
+#include "tests/fault/fork_util.h"
 #include "tests/test.h"
 
 #define DU_IN 12
@@ -71,34 +72,16 @@ static inline int du_run(int W, int (*fn)(int, int, void *), void *arg, int secs
       _exit(fn(r, W, arg));
     }
   }
-  time_t end = time(NULL) + secs;
-  int left = W, bad = 0;
-  while (left > 0 && time(NULL) < end) {
-    int st;
-    pid_t p = waitpid(-1, &st, WNOHANG);
-    if (p <= 0) {
-      usleep(5000);
-      continue;
-    }
-    for (int r = 0; r < W; r++)
-      if (pid[r] == p) {
-        if (status) status[r] = st;
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-          fprintf(stderr, "rank %d: exit status 0x%x\n", r, st);
-          bad++;
-        }
-        pid[r] = 0;
-        left--;
-      }
+  int st[16], bad = 0;
+  fu_reap(W, pid, secs, st);
+  for (int r = 0; r < W; r++) {
+    if (status) status[r] = st[r];
+    if (st[r] == -1) fprintf(stderr, "rank %d: still running after %d s: killed\n", r, secs);
+    else if (!WIFEXITED(st[r]) || WEXITSTATUS(st[r]) != 0)
+      fprintf(stderr, "rank %d: exit status 0x%x\n", r, st[r]);
+    else continue;
+    bad++;
   }
-  for (int r = 0; r < W; r++)
-    if (pid[r]) {
-      fprintf(stderr, "rank %d: still running after %d s: killed\n", r, secs);
-      kill(pid[r], SIGKILL);
-      waitpid(pid[r], NULL, 0);
-      if (status) status[r] = -1;
-      bad++;
-    }
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", du_dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", du_dir);

@@ -1,6 +1,6 @@
-/* Ranks as forked processes for the fault tests: each child gets the torch
- * environment (rank 0 hosts the TCPStore) and runs fn; the parent collects
- * exit statuses with a deadline and kills stragglers. */
+/* Ranks as forked processes for the dist, fault, DDP and interop tests: each
+ * child gets the torch environment (rank 0 hosts the TCPStore) and runs fn;
+ * the parent collects exit statuses with a deadline and kills stragglers. */
 #ifndef DG_TEST_FORK_UTIL_H
 #define DG_TEST_FORK_UTIL_H
 
@@ -24,6 +24,29 @@ static inline int fu_free_port(void) {
   return ntohs(a.sin_port);
 }
 
+/* Waits for the W children pid[] for up to `secs`; status[r] gets each wait
+ * status, -1 for one still running then (killed and reaped). */
+static inline void fu_reap(int W, pid_t *pid, int secs, int *status) {
+  time_t end = time(NULL) + secs;
+  int left = W;
+  while (left > 0 && time(NULL) < end) {
+    int st;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p <= 0) {
+      usleep(5000);
+      continue;
+    }
+    for (int r = 0; r < W; r++)
+      if (pid[r] == p) status[r] = st, pid[r] = 0, left--;
+  }
+  for (int r = 0; r < W; r++)
+    if (pid[r]) {
+      kill(pid[r], SIGKILL);
+      waitpid(pid[r], NULL, 0);
+      status[r] = -1;
+    }
+}
+
 /* Runs fn(rank, W) in W children; status[r] gets each wait status (-1: had
  * to be killed after `secs`). */
 static inline void fu_run(int W, int (*fn)(int, int), int secs, int *status) {
@@ -43,24 +66,7 @@ static inline void fu_run(int W, int (*fn)(int, int), int secs, int *status) {
       _exit(fn(r, W));
     }
   }
-  time_t end = time(NULL) + secs;
-  int left = W;
-  while (left > 0 && time(NULL) < end) {
-    int st;
-    pid_t p = waitpid(-1, &st, WNOHANG);
-    if (p <= 0) {
-      usleep(10000);
-      continue;
-    }
-    for (int r = 0; r < W; r++)
-      if (pid[r] == p) status[r] = st, pid[r] = 0, left--;
-  }
-  for (int r = 0; r < W; r++)
-    if (pid[r]) {
-      kill(pid[r], SIGKILL);
-      waitpid(pid[r], NULL, 0);
-      status[r] = -1;
-    }
+  fu_reap(W, pid, secs, status);
 }
 
 static inline double fu_ms_since(const struct timespec *t0) {

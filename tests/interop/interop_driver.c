@@ -15,17 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/fault/fork_util.h"
 #include "tests/test.h"
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t l = sizeof a;
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 static char *slurp(const char *path, size_t *n) {
   FILE *f = fopen(path, "rb");
@@ -42,7 +33,7 @@ static char *slurp(const char *path, size_t *n) {
 int main(int argc, char **argv) {
   if (argc < 5) return 2;
   const char *lay = argv[1];
-  int W = (int)strlen(lay), port = free_port(), gloo = strchr(lay, 'g') != NULL;
+  int W = (int)strlen(lay), port = fu_free_port(), gloo = strchr(lay, 'g') != NULL;
   if (strchr(lay, 't') && system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
     TEST_SKIP("/usr/bin/python3 cannot import torch");
   char dir[] = "/tmp/dg_interopXXXXXX";
@@ -69,22 +60,10 @@ int main(int argc, char **argv) {
       _exit(127);
     }
   }
-  time_t end = time(NULL) + 90;
-  int left = W, status[8] = {0};
-  while (left > 0 && time(NULL) < end) {
-    int st;
-    pid_t p = waitpid(-1, &st, WNOHANG);
-    if (p <= 0) {
-      usleep(20000);
-      continue;
-    }
-    for (int r = 0; r < W; r++)
-      if (pid[r] == p) status[r] = st, pid[r] = 0, left--;
-  }
+  int status[8] = {0};
+  fu_reap(W, pid, 90, status);
   for (int r = 0; r < W; r++)
-    if (pid[r]) {
-      kill(pid[r], SIGKILL);
-      waitpid(pid[r], NULL, 0);
+    if (status[r] == -1) {
       T_FAIL_("layout %s: rank %d (%c) still running after 90 s", lay, r, lay[r]);
     } else {
       CHECK(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0);
