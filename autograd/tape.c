@@ -332,8 +332,13 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
   }
   for (int i = 0; i < ctx->nattached; i++)
     if (involve_store(ctx, ctx->attached[i])) return ctx->err;
-  for (int s = 0; s < ctx->nstores; s++)
+  for (int s = 0; s < ctx->nstores; s++) {
+    /* pending updates read the gradients this backward will overwrite */
+    int e = dg__params_flush(ctx->stores[s], DG__GATE_BACKWARD);
+    if (e) return dg__set_error(ctx, e, "backward: a pending parameter update failed (%s)",
+                                dg_strerror(e));
     memset(ctx->stores[s]->reached, 0, (size_t)ctx->stores[s]->n);
+  }
   float *g = dg__grad_buf(ctx, out);
   if (!g) return ctx->err ? ctx->err : DG_ENOMEM;
   int64_t n = dg__numel(out);

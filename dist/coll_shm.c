@@ -98,42 +98,80 @@ static int reached(const uint32_t *word, uint32_t v) {
   return (int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - v) >= 0;
 }
 
-/* Waits until rank p's *word reaches v (modular); `sleepers` is p's count
- * of futex waiters; failures name p. */
-static int wait_word(dg_coll *c, int p, uint32_t *word, uint32_t *sleepers, uint32_t v,
-                     const char *what) {
-  if (reached(word, v)) return DG_OK;
+/* Waits until ok(arg) holds. `word` is a futex that whoever changes what ok
+ * reads bumps (after the change) and `sleepers` counts its futex waiters.
+ * Returns DG_OK, the transport's error, DG_EPEER with *dead = a peer found
+ * exited (blame(arg) names the one waited for: checked first), or
+ * DG_ETIMEDOUT at `deadline` (ms). */
+static int shm_wait(dg_pg *pg, uint32_t *word, uint32_t *sleepers, int (*ok)(void *),
+                    int (*blame)(void *), void *arg, int64_t deadline, int *dead) {
+  if (ok(arg)) return DG_OK;
   /* Spinning steals the core from this rank's compute thread unless that
    * thread is blocked waiting for a collective; sleeping costs a wake-up
    * (tens of us on a VM whose idle cores halt). */
   int64_t t0 = dg__now_ns(), t;
   while ((t = dg__now_ns() - t0) < SPIN_NS ||
-         (t < SPIN_WAITED_NS && __atomic_load_n(&c->pg->nwaiting, __ATOMIC_RELAXED) > 0)) {
+         (t < SPIN_WAITED_NS && __atomic_load_n(&pg->nwaiting, __ATOMIC_RELAXED) > 0)) {
     /* Past a few microseconds the peer may be waiting for this very core
      * (more ranks than free cores): let it run. */
     if (t < PAUSE_NS) for (int i = 0; i < 16; i++) dg__cpu_relax();
     else sched_yield();
-    if (reached(word, v)) return DG_OK;
+    if (ok(arg)) return DG_OK;
   }
   for (;;) {
     __atomic_add_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
     uint32_t cur = __atomic_load_n(word, __ATOMIC_SEQ_CST);
-    if ((int32_t)(cur - v) < 0) {
+    if (!ok(arg)) {
       struct timespec ts = {0, SLICE_MS * 1000000L};
       futex(word, FUTEX_WAIT, cur, &ts);
     }
     __atomic_sub_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
-    if (reached(word, v)) return DG_OK;
-    int e = c->x->vt->error(c->x, NULL, 0);
-    if (e != DG_OK)
-      return dg__coll_fail(c, e, "waiting for rank %d to %s: transport failed", p, what);
-    if (c->pg->cma && kill(c->pg->pids[p], 0) < 0 && errno == ESRCH)
-      return dg__coll_fail_peer(c, DG_EPEER, p, "rank %d (pid %d) exited while this rank waited for it "
-                           "to %s", p, c->pg->pids[p], what);
-    if (dg__now_ms() >= c->deadline)
-      return dg__coll_fail_peer(c, DG_ETIMEDOUT, p, "timed out after %d ms waiting for rank %d to %s "
-                           "(shared-memory allreduce)", c->pg->timeout_ms, p, what);
+    if (ok(arg)) return DG_OK;
+    int e = pg->x->vt->error(pg->x, NULL, 0);
+    if (e != DG_OK) return e;
+    if (pg->cma) {
+      int first = blame(arg);
+      for (int i = -1; i < pg->size; i++) {
+        int p = i < 0 ? first : i;
+        if (p < 0 || p == pg->rank || kill(pg->pids[p], 0) == 0 || errno != ESRCH) continue;
+        *dead = p;
+        return DG_EPEER;
+      }
+    }
+    if (dg__now_ms() >= deadline) return DG_ETIMEDOUT;
   }
+}
+
+typedef struct {
+  uint32_t *word, v;
+  int p;
+} word_wait;
+
+static int word_ok(void *a) {
+  word_wait *w = a;
+  return reached(w->word, w->v);
+}
+static int word_blame(void *a) { return ((word_wait *)a)->p; }
+
+/* A shm_wait failure of collective c, waiting for rank p to `what`. */
+static int wait_fail(dg_coll *c, int rc, int p, int dead, const char *what, const char *where) {
+  if (rc == DG_EPEER && dead >= 0)
+    return dg__coll_fail_peer(c, DG_EPEER, dead, "rank %d (pid %d) exited while this rank "
+                              "waited for rank %d to %s", dead, c->pg->pids[dead], p, what);
+  if (rc == DG_ETIMEDOUT)
+    return dg__coll_fail_peer(c, DG_ETIMEDOUT, p, "timed out after %d ms waiting for rank %d "
+                              "to %s (%s)", c->pg->timeout_ms, p, what, where);
+  return dg__coll_fail(c, rc, "waiting for rank %d to %s: transport failed", p, what);
+}
+
+/* Waits until rank p's *word reaches v (modular); `sleepers` is p's count
+ * of futex waiters; failures name p. */
+static int wait_word(dg_coll *c, int p, uint32_t *word, uint32_t *sleepers, uint32_t v,
+                     const char *what) {
+  word_wait w = {word, v, p};
+  int dead = -1;
+  int rc = shm_wait(c->pg, word, sleepers, word_ok, word_blame, &w, c->deadline, &dead);
+  return rc == DG_OK ? DG_OK : wait_fail(c, rc, p, dead, what, "shared-memory allreduce");
 }
 
 /* Every rank's call must be the same allreduce: compare descriptors. */
@@ -302,52 +340,81 @@ int dg__shm_setup(dg_pg *pg, dg_coll *c) {
 /* ---- DDP's gradient segment: every rank's flat gradient buffer in one
  * shared mapping. A bucket's average needs no copy-in: each rank reduces
  * its 1/W block of the bucket from every rank's buffer and writes the
- * result into every rank's buffer (read S, write S per rank in all). ---- */
+ * result into every rank's buffer (read S, write S per rank in all).
+ *
+ * Buckets are independent (words per bucket, values = the step number g):
+ *   rank r's bucket k is final:    ready[r][k] = g
+ *   r's engine, until r has done every bucket: pick, among the buckets
+ *     ready on every rank and not done by r, the one the next forward needs
+ *     first (the highest index: buckets run from the output layer back),
+ *     average r's block of it, done[r][k] = g; none: sleep on the bell
+ *   bucket k is complete when done[p][k] = g on every rank p.
+ * Ranks may pick in different orders (each picks from what it sees) and no
+ * one waits for buckets in a fixed sequence, so no order can deadlock. The
+ * engine runs in the group's worker during backward, or, on machines
+ * without a spare core, in the thread that needs a bucket. Every publish
+ * bumps the bell (one futex for all waiters). ---- */
 
 typedef struct {
-  uint32_t ready __attribute__((aligned(64))); /* bucket rounds whose gradients are final */
-  int32_t count; /* a value summed with the round (DDP's ranks-with-data) */
-  uint32_t done __attribute__((aligned(64)));  /* rounds whose block this rank wrote */
+  uint32_t bell __attribute__((aligned(64)));
   uint32_t sleepers __attribute__((aligned(64)));
-} grad_ctl;
+} grad_hdr;
 
 struct dg__shmgrad {
   void *base;
   size_t len, stride; /* mapping; bytes between ranks' buffers */
-  int W;
-  grad_ctl *ctl;
+  int W, rank, nbmax, nb;
+  grad_hdr *hdr;
+  unsigned char *ctl;  /* (W) per-rank words: count[2] | ready[nbmax] | done[nbmax] */
+  size_t ctl_stride;
   unsigned char *data;
-  uint32_t gen; /* rounds started (the worker's) */
+  size_t *off, *cnt;   /* (nbmax) bucket k: [off, off + cnt) */
+  uint32_t gen;        /* this rank's step number */
 };
 
 #define RED_TILE 4096 /* floats reduced in L1 before being written out */
 
 static size_t page_up(size_t n) { return (n + 4095) / 4096 * 4096; }
+static size_t line_up(size_t n) { return (n + 63) / 64 * 64; }
+
+static int32_t *count_of(dg__shmgrad *s, int r) { return (int32_t *)(s->ctl + (size_t)r * s->ctl_stride); }
+static uint32_t *ready_of(dg__shmgrad *s, int r) {
+  return (uint32_t *)(s->ctl + (size_t)r * s->ctl_stride + 64);
+}
+static uint32_t *done_of(dg__shmgrad *s, int r) {
+  return (uint32_t *)(s->ctl + (size_t)r * s->ctl_stride + 64 +
+                      line_up((size_t)s->nbmax * sizeof(uint32_t)));
+}
 
 static int agree_pub(void *arg, int64_t *v, dg_redop op) {
   return dg_pg_allreduce_sync(arg, v, 1, DG_I64, op);
 }
 
-int dg__shmgrad_new(dg_pg *pg, size_t nfloat, dg__shmgrad **out, float **mine) {
+int dg__shmgrad_new(dg_pg *pg, size_t nfloat, int nbmax, dg__shmgrad **out, float **mine) {
   *out = NULL;
   *mine = NULL;
-  if (!pg->shm) return DG_OK;
+  if (!pg->shm || nbmax < 1) return DG_OK;
   size_t stride = page_up((nfloat ? nfloat : 1) * sizeof(float));
-  size_t ctl = page_up((size_t)pg->size * sizeof(grad_ctl));
+  size_t cs = 64 + 2 * line_up((size_t)nbmax * sizeof(uint32_t));
+  size_t ctl = page_up(sizeof(grad_hdr) + (size_t)pg->size * cs);
   size_t len = ctl + (size_t)pg->size * stride;
   void *p = NULL;
   int rc = seg_open(pg, len, agree_pub, pg, &p);
   if (rc != DG_OK || !p) return rc;
   dg__shmgrad *s = dg__calloc(1, sizeof *s);
-  int64_t ok = s != NULL;
+  size_t *oc = dg__calloc((size_t)nbmax * 2, sizeof *oc);
+  int64_t ok = s && oc;
   rc = agree_pub(pg, &ok, DG_RED_MIN);
   if (rc != DG_OK || !ok) {
     dg__free(s);
+    dg__free(oc);
     munmap(p, len);
     return rc;
   }
-  *s = (dg__shmgrad){.base = p, .len = len, .stride = stride, .W = pg->size, .ctl = p,
-                     .data = (unsigned char *)p + ctl};
+  *s = (dg__shmgrad){.base = p, .len = len, .stride = stride, .W = pg->size, .rank = pg->rank,
+                     .nbmax = nbmax, .hdr = p, .ctl = (unsigned char *)p + sizeof(grad_hdr),
+                     .ctl_stride = cs, .data = (unsigned char *)p + ctl, .off = oc,
+                     .cnt = oc + nbmax};
   *out = s;
   *mine = (float *)(s->data + (size_t)pg->rank * stride);
   return DG_OK;
@@ -356,7 +423,47 @@ int dg__shmgrad_new(dg_pg *pg, size_t nfloat, dg__shmgrad **out, float **mine) {
 void dg__shmgrad_free(dg__shmgrad *s) {
   if (!s) return;
   munmap(s->base, s->len);
+  dg__free(s->off);
   dg__free(s);
+}
+
+void dg__shmgrad_bucket(dg__shmgrad *s, int k, int nb, size_t off, size_t n) {
+  if (k < 0 || k >= s->nbmax) return;
+  s->nb = DG_MIN(nb, s->nbmax);
+  s->off[k] = off;
+  s->cnt[k] = n;
+}
+
+static void ring(dg__shmgrad *s) {
+  __atomic_add_fetch(&s->hdr->bell, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&s->hdr->sleepers, __ATOMIC_SEQ_CST))
+    futex(&s->hdr->bell, FUTEX_WAKE, INT32_MAX, NULL);
+}
+
+void dg__shmgrad_begin(dg__shmgrad *s, int32_t count) {
+  s->gen++;
+  /* two slots: a peer is at most one step ahead, and it cannot begin the
+   * step after that before this rank has read this step's counts */
+  __atomic_store_n(&count_of(s, s->rank)[s->gen & 1], count, __ATOMIC_RELEASE);
+}
+
+void dg__shmgrad_ready(dg__shmgrad *s, int k) {
+  __atomic_store_n(&ready_of(s, s->rank)[k], s->gen, __ATOMIC_SEQ_CST);
+  ring(s);
+}
+
+static int is_gen(const uint32_t *w, uint32_t g) { return __atomic_load_n(w, __ATOMIC_ACQUIRE) == g; }
+
+int dg__shmgrad_complete(dg__shmgrad *s, int k) {
+  for (int p = 0; p < s->W; p++)
+    if (!is_gen(&done_of(s, p)[k], s->gen)) return 0;
+  return 1;
+}
+
+int32_t dg__shmgrad_count(dg__shmgrad *s) {
+  int32_t t = 0;
+  for (int p = 0; p < s->W; p++) t += __atomic_load_n(&count_of(s, p)[s->gen & 1], __ATOMIC_ACQUIRE);
+  return t;
 }
 
 static float *grad_of(dg__shmgrad *s, int r) { return (float *)(s->data + (size_t)r * s->stride); }
@@ -381,28 +488,109 @@ static void grad_block(dg__shmgrad *s, size_t o, size_t n) {
   }
 }
 
-int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, size_t off, size_t count, int32_t *sum) {
-  int W = c->size, r = c->rank, rc = DG_OK;
-  int64_t t0 = dg__now_ns();
-  uint32_t g = ++s->gen;
-  if (sum) s->ctl[r].count = *sum; /* read by peers before they are done */
-  publish(&s->ctl[r].sleepers, &s->ctl[r].ready, g);
-  for (int p = 0; p < W && rc == DG_OK; p++)
-    if (p != r) rc = wait_word(c, p, &s->ctl[p].ready, &s->ctl[p].sleepers, g,
-                               "finish its gradients");
-  if (rc != DG_OK) return rc;
-  if (sum) {
-    int32_t t = 0;
-    for (int p = 0; p < W; p++) t += __atomic_load_n(&s->ctl[p].count, __ATOMIC_RELAXED);
-    *sum = t;
+/* The next bucket for this rank's engine (-1: none ready everywhere). */
+static int candidate(dg__shmgrad *s) {
+  for (int k = s->nb - 1; k >= 0; k--) {
+    if (is_gen(&done_of(s, s->rank)[k], s->gen)) continue;
+    int p = 0;
+    while (p < s->W && is_gen(&ready_of(s, p)[k], s->gen)) p++;
+    if (p == s->W) return k;
   }
-  size_t q = count / (size_t)W, rm = count % (size_t)W;
-  size_t bo = (size_t)r * q + DG_MIN((size_t)r, rm), bn = q + ((size_t)r < rm);
-  grad_block(s, off + bo, bn);
-  publish(&s->ctl[r].sleepers, &s->ctl[r].done, g);
-  for (int p = 0; p < W && rc == DG_OK; p++)
-    if (p != r) rc = wait_word(c, p, &s->ctl[p].done, &s->ctl[p].sleepers, g,
-                               "write its block of the average");
-  if (rc == DG_OK) sim_link(c->pg, t0, count * sizeof(float));
+  return -1;
+}
+
+static int mine_all_done(dg__shmgrad *s) {
+  for (int k = 0; k < s->nb; k++)
+    if (!is_gen(&done_of(s, s->rank)[k], s->gen)) return 0;
+  return 1;
+}
+
+/* What an engine or a waiter is waiting for. */
+typedef struct {
+  dg__shmgrad *s;
+  int want;           /* bucket, or -1: this rank's blocks of every bucket */
+  uint32_t bell;      /* the bell when the engine last looked */
+  const dg_work *eng; /* a waiter's engine (its failure ends the wait) */
+} grad_wait;
+
+static int want_met(dg__shmgrad *s, int want) {
+  return want >= 0 ? dg__shmgrad_complete(s, want) : mine_all_done(s);
+}
+
+static int bell_moved(void *a) {
+  grad_wait *w = a;
+  return __atomic_load_n(&w->s->hdr->bell, __ATOMIC_SEQ_CST) != w->bell;
+}
+
+static int engine_failed(const dg_work *eng) {
+  int st = eng ? __atomic_load_n(&eng->status, __ATOMIC_ACQUIRE) : DG_OK;
+  return st != DG_XOP_PENDING && st != DG_OK;
+}
+
+static int waiter_ok(void *a) {
+  grad_wait *w = a;
+  return dg__shmgrad_complete(w->s, w->want) || engine_failed(w->eng);
+}
+
+/* The first rank holding up `want` (or this rank's engine). */
+static int laggard(void *a) {
+  grad_wait *w = a;
+  dg__shmgrad *s = w->s;
+  for (int k = 0; k < s->nb; k++) {
+    if (w->want >= 0 ? k != w->want : is_gen(&done_of(s, s->rank)[k], s->gen)) continue;
+    for (int p = 0; p < s->W; p++)
+      if (p != s->rank && !is_gen(w->want >= 0 ? &done_of(s, p)[k] : &ready_of(s, p)[k], s->gen))
+        return p;
+  }
+  return -1;
+}
+
+int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, int want) {
+  grad_wait w = {s, want, 0, NULL};
+  for (;;) {
+    w.bell = __atomic_load_n(&s->hdr->bell, __ATOMIC_SEQ_CST);
+    if (want_met(s, want)) return DG_OK;
+    int k = candidate(s);
+    if (k >= 0) {
+      int64_t t0 = dg__now_ns();
+      size_t q = s->cnt[k] / (size_t)s->W, rm = s->cnt[k] % (size_t)s->W;
+      size_t bo = (size_t)s->rank * q + DG_MIN((size_t)s->rank, rm);
+      grad_block(s, s->off[k] + bo, q + ((size_t)s->rank < rm));
+      sim_link(c->pg, t0, s->cnt[k] * sizeof(float));
+      __atomic_store_n(&done_of(s, s->rank)[k], s->gen, __ATOMIC_SEQ_CST);
+      ring(s);
+      continue;
+    }
+    int dead = -1;
+    int rc = shm_wait(c->pg, &s->hdr->bell, &s->hdr->sleepers, bell_moved, laggard, &w,
+                      c->deadline, &dead);
+    if (rc != DG_OK)
+      return wait_fail(c, rc, DG_MAX(laggard(&w), 0), dead,
+                       want >= 0 ? "average its block of a gradient bucket"
+                                 : "finish its gradients",
+                       "DDP shared-memory gradients");
+  }
+}
+
+int dg__shmgrad_wait(dg_pg *pg, dg__shmgrad *s, int k, const dg_work *eng, char *err,
+                     size_t cap) {
+  grad_wait w = {s, k, 0, eng};
+  int dead = -1;
+  int rc = shm_wait(pg, &s->hdr->bell, &s->hdr->sleepers, waiter_ok, laggard, &w,
+                    dg__deadline(0, pg->timeout_ms), &dead);
+  if (rc == DG_OK && dg__shmgrad_complete(s, k)) return DG_OK;
+  if (rc == DG_OK) { /* the engine failed */
+    snprintf(err, cap, "%s", eng->err);
+    return __atomic_load_n(&eng->status, __ATOMIC_ACQUIRE);
+  }
+  int p = laggard(&w);
+  if (rc == DG_EPEER && dead >= 0)
+    snprintf(err, cap, "rank %d exited while rank %d waited for rank %d to average its block "
+             "of gradient bucket %d", dead, pg->rank, p, k);
+  else if (rc == DG_ETIMEDOUT)
+    snprintf(err, cap, "timed out after %d ms waiting for rank %d to average its block of "
+             "gradient bucket %d", pg->timeout_ms, p, k);
+  else if (pg->x->vt->error(pg->x, err, cap) == DG_OK)
+    snprintf(err, cap, "transport failed while waiting for rank %d", p);
   return rc;
 }

@@ -9,6 +9,7 @@
 
 #include "dist/ddp_impl.h"
 #include "dist/pg_impl.h"
+#include "optim/optim_impl.h"
 #include "tensor/tensor_impl.h"
 
 #define MiB ((size_t)1 << 20)
@@ -65,25 +66,47 @@ static int32_t wait_count(dg_ddp *d) {
  * hooks: no extra collective per step), else a separate tiny all-reduce
  * posted at the first grad-ready hook so that it overlaps backward. */
 static void begin_round(dg_ddp *d, int32_t have) {
-  for (int k = 0; k < d->nb; k++) d->b[k].pending = d->b[k].nparams, d->b[k].started = 0;
+  for (int k = 0; k < d->nb; k++) {
+    dg__ddp_bucket *b = &d->b[k];
+    b->pending = b->nparams;
+    b->started = b->finished = b->applied = 0;
+  }
   d->next_start = 0;
   d->has_data = have;
-  if (!d->opts.no_join && !d->piggy) post_count(d, have);
+  d->active = -1;
+  d->accum_div = 1;
+  if (d->shmg) { /* the count rides in the segment */
+    dg__shmgrad_begin(d->shmg, have);
+    int rc = d->shm_inline ? DG_OK : dg__pg_shmgrad_post(d->pg, d->shmg, -1, 0, &d->engine);
+    if (rc) dg__ddp_fail(d, rc, "ddp: rank %d: posting the gradient averaging failed: %s",
+                         d->rank, dg_pg_errmsg(d->pg));
+  } else if (!d->opts.no_join && !d->piggy) {
+    post_count(d, have);
+  }
 }
 
-/* Ranks with data in this round (0 on failure, with the error recorded);
- * starts every bucket when the count rides in bucket 0. */
-static int32_t round_count(dg_ddp *d) {
-  if (!d->piggy) return wait_count(d);
-  dg__ddp_start_rest(d);
-  if (d->err || !d->b[0].started) return 0;
-  int32_t n = dg__ddp_piggy_count(d, d->b[0].work);
-  if (n < 0) {
-    dg__ddp_fail(d, DG_EPEER, "ddp: rank %d: step %lld: all-reduce of bucket 0 (with the "
-                 "ranks-with-data count) failed: %s", d->rank, (long long)d->st.sync_steps,
-                 d->errmsg[0] ? d->errmsg : dg_pg_errmsg(d->pg));
-    return 0;
+/* Starts every bucket when the count rides in bucket 0 or the segment. */
+int32_t dg__ddp_round_count(dg_ddp *d) {
+  if (d->active >= 0) return d->active;
+  if (d->shmg) { /* known once any bucket is complete */
+    dg__ddp_start_rest(d);
+    return dg__ddp_finish_bucket(d, 0) ? 0 : d->active;
   }
+  int32_t n;
+  if (!d->piggy) {
+    n = wait_count(d);
+  } else {
+    dg__ddp_start_rest(d);
+    if (d->err || !d->b[0].started) return 0;
+    n = dg__ddp_piggy_count(d, d->b[0].work);
+    if (n < 0) {
+      dg__ddp_fail(d, DG_EPEER, "ddp: rank %d: step %lld: all-reduce of bucket 0 (with the "
+                   "ranks-with-data count) failed: %s", d->rank, (long long)d->st.sync_steps,
+                   d->errmsg[0] ? d->errmsg : dg_pg_errmsg(d->pg));
+      return 0;
+    }
+  }
+  if (!d->err) d->active = n;
   return n;
 }
 
@@ -129,20 +152,19 @@ static void log_unused(dg_ddp *d) {
 }
 
 /* Completes a synchronising round: count, buckets, scale, rebuild. */
-static int finish_round(dg_ddp *d, int accum_div) {
+static int finish_round(dg_ddp *d) {
   if (d->world == 1) { /* nothing to exchange: only the accumulation divisor */
-    if (accum_div > 1) {
+    if (d->accum_div > 1) {
       size_t n;
       float *g = dg_params_grad(d->ps, &n);
-      const float s = 1.0f / (float)accum_div;
+      const float s = 1.0f / (float)d->accum_div;
       for (size_t j = 0; j < n; j++) g[j] *= s;
     }
+    for (int k = 0; k < d->nb; k++) d->b[k].finished = 1;
     return d->err;
   }
   dg__ddp_start_rest(d);
-  int32_t active = round_count(d);
-  float scale = active > 0 ? 1.0f / ((float)active * (float)accum_div) : 0.0f;
-  int rc = dg__ddp_finish_all(d, scale);
+  int rc = dg__ddp_finish_all(d);
   if (!rc && !d->rebuilt && !d->opts.static_buckets) rc = dg__ddp_rebuild(d);
   return rc ? rc : d->err;
 }
@@ -161,7 +183,8 @@ static int on_end(void *user, dg_ctx *ctx) {
   d->syncing = 0;
   double t0 = dg__ddp_now();
   int K = d->opts.accum_steps > 1 ? d->opts.accum_steps : 1;
-  int rc = finish_round(d, d->micro > 1 ? K : 1);
+  d->accum_div = d->micro > 1 ? K : 1;
+  int rc = d->opt ? dg__ddp_defer_step(d) : finish_round(d);
   d->micro = 0;
   d->st.wait_s += dg__ddp_now() - t0;
   d->st.sync_steps++;
@@ -169,9 +192,13 @@ static int on_end(void *user, dg_ctx *ctx) {
     dg__set_error(ctx, rc, "%s", d->errmsg);
     return rc;
   }
-  d->last_synced = 1;
+  d->last_synced = !d->opt; /* with an owned optimizer the update is ours */
   return DG_OK;
 }
+
+/* The end of a synchronising backward in overlap mode needs finish_round
+ * when the buckets must be final now. */
+int dg__ddp_finish_now(dg_ddp *d) { return finish_round(d); }
 
 /* ---- construction ---- */
 
@@ -184,7 +211,7 @@ static int lend_grads(dg_ddp *d) {
     return DG_OK;
   size_t n = 0;
   dg_params_data(d->ps, &n);
-  int rc = dg__shmgrad_new(d->pg, n, &d->shmg, &d->shm_mine);
+  int rc = dg__shmgrad_new(d->pg, n, d->nparams, &d->shmg, &d->shm_mine);
   if (rc) return dg__ddp_fail(d, rc, "ddp_new: rank %d: setting up the shared gradient "
                               "buffers failed: %s", d->rank, dg_pg_errmsg(d->pg));
   /* The averaging is CPU work: a background thread overlaps it with
@@ -231,6 +258,8 @@ static int setup(dg_ddp *d) {
   d->end_id = d->ready_id > 0 ? dg_ctx_add_backward_end_hook(d->ctx, on_end, d) : d->ready_id;
   if (d->end_id > 0) rc = dg_ctx_attach_params(d->ctx, d->ps);
   else rc = d->end_id;
+  if (!rc && d->ps->gate) rc = DG_ESTATE; /* another DDP holds this store */
+  if (!rc) dg__params_set_gate(d->ps, dg__ddp_gate, d);
   if (rc) return dg__ddp_fail(d, rc, "ddp_new: installing the autograd hooks failed (%s)",
                               dg_strerror(rc));
   return DG_OK;
@@ -262,10 +291,14 @@ int dg_ddp_new(dg_ddp **out, dg_ctx *ctx, dg_params *ps, dg_pg *pg, const dg_ddp
 
 void dg_ddp_free(dg_ddp *d) {
   if (!d) return;
+  if (d->pending && dg__ddp_land_all(d))
+    DG_LOGE("ddp_free: rank %d: the last update was not applied: %s", d->rank, d->errmsg);
+  if (d->ps->gate_user == d) dg__params_set_gate(d->ps, NULL, NULL);
+  for (int i = 0; i < d->nparams; i++) dg_params_get(d->ps, i)->flags &= ~(uint32_t)DG_TF_GATED;
+  if (d->opt) d->opt->ddp_owned = 0;
   if (d->ready_id > 0) dg_ctx_remove_hook(d->ctx, d->ready_id);
   if (d->end_id > 0) dg_ctx_remove_hook(d->ctx, d->end_id);
-  for (int k = 0; k < d->nb; k++)
-    if (d->b[k].started && d->hook.release) d->hook.release(d->hook.state, d->b[k].work);
+  dg__ddp_end_round(d);
   if (d->count_work) dg_work_free(d->count_work);
   if (d->shmg) {
     /* gradients back into private memory (the store outlives us) */
@@ -303,25 +336,27 @@ int dg_ddp_join(dg_ddp *d) {
   if (d->opts.no_join)
     return dg__ddp_fail(d, DG_ESTATE, "ddp_join: created with no_join");
   if (d->in_step) return dg__ddp_fail(d, DG_ESTATE, "ddp_join: called inside a backward");
+  if (d->pending && dg__ddp_land_all(d)) return d->err;
   while (!d->err) {
     begin_round(d, 0);
     if (d->piggy) { /* the count comes with the (zero) buckets */
       dg_params_zero_grad(d->ps); /* shadow step: this rank contributes zeros */
       (void)dg_params_grad(d->ps, NULL); /* materialise the lazy zeros */
     }
-    int32_t active = round_count(d);
+    int32_t active = dg__ddp_round_count(d);
     if (d->err) break;
     if (active == 0) { /* every rank has joined: same on all, no rebuild */
-      if (d->piggy) dg__ddp_finish_all(d, 0.0f);
+      if (d->piggy) dg__ddp_finish_all(d);
       break;
     }
     if (!d->piggy) {
       dg_params_zero_grad(d->ps);
       (void)dg_params_grad(d->ps, NULL);
     }
-    if (finish_round(d, 1)) break;
+    if (finish_round(d)) break;
     d->st.shadow_steps++;
   }
+  dg__ddp_end_round(d);
   d->micro = 0;
   if (d->err) return d->err;
   return final_sync(d);
@@ -343,6 +378,27 @@ int dg_ddp_will_sync(const dg_ddp *d) {
 }
 
 int dg_ddp_step_ready(const dg_ddp *d) { return d ? d->last_synced : 0; }
+
+int dg_ddp_overlap_optimizer(dg_ddp *d, dg_optim *opt) {
+  if (!d) return DG_EINVAL;
+  if (d->in_step || d->pending)
+    return dg__ddp_fail(d, DG_ESTATE, "ddp_overlap_optimizer: called inside a step");
+  if (opt && opt->ps != d->ps)
+    return dg__ddp_fail(d, DG_EINVAL, "ddp_overlap_optimizer: the optimizer (%s) updates "
+                        "another parameter store", opt->name);
+  if (opt && (opt->ddp_owned || opt->fused_ctx))
+    return dg__ddp_fail(d, DG_ESTATE, "ddp_overlap_optimizer: the optimizer (%s) is already "
+                        "stepped by %s", opt->name, opt->fused_ctx ? "backward" : "a DDP");
+  if (d->opt) d->opt->ddp_owned = 0;
+  d->opt = opt;
+  if (opt) opt->ddp_owned = 1;
+  return DG_OK;
+}
+
+int dg_ddp_flush(dg_ddp *d) {
+  if (!d) return DG_EINVAL;
+  return d->pending ? dg__ddp_land_all(d) : d->err;
+}
 
 int dg_ddp_broadcast_buffers(dg_ddp *d) {
   if (!d) return DG_EINVAL;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dist/ddp_impl.h"
+#include "dist/pg_impl.h"
 #include "tensor/tensor_impl.h"
 
 /* Parameter indices sorted by offset (insertion sort: stores are small and
@@ -73,6 +74,8 @@ int dg__ddp_build_buckets(dg_ddp *d, int ascending) {
   close_bucket(d, &cur, &open);
   dg__free(idx);
   d->st.nbuckets = d->nb;
+  for (int k = 0; d->shmg && k < d->nb; k++)
+    dg__shmgrad_bucket(d->shmg, k, d->nb, d->b[k].lo, d->b[k].hi - d->b[k].lo);
   return DG_OK;
 }
 
@@ -130,9 +133,13 @@ void dg__ddp_start_bucket(dg_ddp *d, int k) {
   if (d->err) return; /* the group is broken: post nothing more */
   dg_ddp_bucket v;
   dg__ddp_view(d, k, &v);
-  b->started = 1;
   b->work = NULL;
   d->st.bytes_reduced += (double)v.n * sizeof(float);
+  b->started = 1;
+  if (d->shmg) { /* the engines take it from here */
+    dg__shmgrad_ready(d->shmg, k);
+    return;
+  }
   int rc = d->hook.start(d->hook.state, d->pg, &v, &b->work);
   if (rc) {
     b->started = 0;
@@ -146,29 +153,84 @@ void dg__ddp_start_rest(dg_ddp *d) {
   while (d->next_start < d->nb) dg__ddp_start_bucket(d, d->next_start++);
 }
 
-int dg__ddp_finish_all(dg_ddp *d, float scale) {
-  int first = DG_OK;
+static float round_scale(const dg_ddp *d) {
+  return d->active > 0 ? 1.0f / ((float)d->active * (float)d->accum_div) : 0.0f;
+}
+
+/* Shared segment: waits until every rank averaged its block of bucket k
+ * (running the engine here when there is no spare core), then scales. */
+static int shm_finish(dg_ddp *d, int k) {
+  char err[400];
+  err[0] = '\0';
+  int rc;
+  if (d->shm_inline) {
+    dg_work *w = NULL;
+    rc = dg__pg_shmgrad_post(d->pg, d->shmg, k, 1, &w);
+    if (!rc) rc = dg_work_wait(w, 0);
+    if (rc && w) snprintf(err, sizeof err, "%s", dg_work_errmsg(w));
+    dg_work_free(w);
+  } else {
+    rc = dg__shmgrad_wait(d->pg, d->shmg, k, d->engine, err, sizeof err);
+  }
+  if (rc)
+    return dg__ddp_fail(d, rc, "ddp: rank %d: step %lld: averaging bucket %d (%d params, %zu "
+                        "floats) failed: %s", d->rank, (long long)d->st.sync_steps, k,
+                        d->b[k].nparams, d->b[k].hi - d->b[k].lo, err[0] ? err : dg_pg_errmsg(d->pg));
+  if (d->active < 0) d->active = d->opts.no_join ? d->world : dg__shmgrad_count(d->shmg);
+  const float f = round_scale(d) * (float)d->world; /* the segment divided by world */
+  if (f != 1.0f) {
+    float *g = dg__params_grad_raw(d->ps);
+    for (size_t i = d->b[k].lo; i < d->b[k].hi; i++) g[i] *= f;
+  }
+  return DG_OK;
+}
+
+/* Hooks: finish runs in bucket order, so bucket k finishes 0..k. */
+static int hook_finish(dg_ddp *d, int k) {
+  if (d->active < 0) d->active = dg__ddp_round_count(d);
+  for (int j = 0; j <= k && !d->err; j++) {
+    dg__ddp_bucket *b = &d->b[j];
+    if (b->finished || !b->started) continue;
+    dg_ddp_bucket v;
+    dg__ddp_view(d, j, &v);
+    d->errmsg[0] = '\0';
+    int rc = d->hook.finish(d->hook.state, d->pg, &v, b->work, round_scale(d));
+    b->work = NULL;
+    b->started = 0;
+    b->finished = 1;
+    if (rc)
+      dg__ddp_fail(d, rc, "ddp: rank %d: step %lld: all-reduce of bucket %d (%d params, %zu "
+                   "floats) failed: %s", d->rank, (long long)d->st.sync_steps, j, b->nparams,
+                   v.n, d->errmsg[0] ? d->errmsg : dg_pg_errmsg(d->pg));
+  }
+  return d->err;
+}
+
+int dg__ddp_finish_bucket(dg_ddp *d, int k) {
+  if (d->err || d->b[k].finished) return d->err;
+  if (!d->shmg) return hook_finish(d, k);
+  if (shm_finish(d, k) == DG_OK) d->b[k].finished = 1;
+  return d->err;
+}
+
+void dg__ddp_end_round(dg_ddp *d) {
   for (int k = 0; k < d->nb; k++) {
     dg__ddp_bucket *b = &d->b[k];
-    if (!b->started) continue;
+    if (b->started && !d->shmg && d->hook.release) d->hook.release(d->hook.state, b->work);
     b->started = 0;
-    if (first) { /* an earlier bucket failed: the group is broken */
-      if (d->hook.release) d->hook.release(d->hook.state, b->work);
-      b->work = NULL;
-      continue;
-    }
-    dg_ddp_bucket v;
-    dg__ddp_view(d, k, &v);
-    d->errmsg[0] = d->err ? d->errmsg[0] : '\0';
-    int rc = d->hook.finish(d->hook.state, d->pg, &v, b->work, scale);
     b->work = NULL;
-    if (rc) {
-      first = rc;
-      if (!d->err)
-        dg__ddp_fail(d, rc, "ddp: rank %d: step %lld: all-reduce of bucket %d (%d params, "
-                     "%zu floats) failed: %s", d->rank, (long long)d->st.sync_steps, k,
-                     b->nparams, v.n, d->errmsg[0] ? d->errmsg : dg_pg_errmsg(d->pg));
-    }
   }
-  return first ? first : d->err;
+  if (d->engine) { /* done with every block once every bucket completed; a
+                      failed round has it fail by its deadline */
+    (void)dg_work_wait(d->engine, 0);
+    dg_work_free(d->engine);
+    d->engine = NULL;
+  }
+}
+
+int dg__ddp_finish_all(dg_ddp *d) {
+  for (int k = 0; k < d->nb && !d->err; k++)
+    if (d->b[k].started) dg__ddp_finish_bucket(d, k);
+  dg__ddp_end_round(d);
+  return d->err;
 }

@@ -29,10 +29,7 @@ static int f32_start(void *state, dg_pg *pg, const dg_ddp_bucket *b, void **pend
   dg_ddp *d = state;
   dg_work *w = NULL;
   int rc;
-  if (d->shmg) {
-    rc = dg__pg_shmgrad_allreduce(pg, d->shmg, (size_t)(b->grad - d->shm_mine), b->n,
-                                  carries(d, b) ? &d->has_data : NULL, d->shm_inline, &w);
-  } else if (carries(d, b)) { /* staged: (n + 1) floats, averaged like the rest */
+  if (carries(d, b)) { /* staged: (n + 1) floats, averaged like the rest */
     if (d->stage_cap < b->n + 1) {
       float *p = dg__realloc(d->stage, (b->n + 1) * sizeof *p);
       if (!p) return DG_ENOMEM;
@@ -63,7 +60,7 @@ static int f32_finish(void *state, dg_pg *pg, const dg_ddp_bucket *b, void *pend
   dg_ddp *d = state;
   int rc = wait_work(d, pending);
   float f = scale * (float)b->world_size; /* the collective divided by world */
-  if (!rc && carries(d, b) && !d->shmg) {
+  if (!rc && carries(d, b)) {
     if (f != 1.0f)
       for (size_t i = 0; i < b->n; i++) b->grad[i] = d->stage[i] * f;
     else
@@ -81,7 +78,6 @@ int32_t dg__ddp_piggy_count(dg_ddp *d, void *pending) {
     dg_ddp_hook_error(d, dg_work_errmsg(w));
     return -1;
   }
-  if (d->shmg) return d->has_data; /* summed by the round */
   size_t n = dg_work_count(w) - 1; /* the count is the last element */
   double v;
   switch (d->opts.comm) {

@@ -12,7 +12,9 @@ typedef struct {
   size_t lo, hi;      /* element range [lo, hi) of the flat gradient buffer */
   int first, nparams; /* first parameter (in bucket order) and count */
   int pending;        /* gradients of this backward not yet final */
-  int started;        /* hook->start called in this step */
+  int started;        /* hook->start called in this step (shared segment: ready) */
+  int finished;       /* its average is final in the store's gradients */
+  int applied;        /* overlap mode: its parameters were updated */
   void *work;         /* hook's pending state */
 } dg__ddp_bucket;
 
@@ -42,6 +44,8 @@ struct dg_ddp {
   int last_synced;
   int sync_on;
   int32_t has_data;   /* count all-reduce buffer / this rank's contribution */
+  int32_t active;     /* ranks with data this round, -1 until known */
+  int accum_div;      /* this round's accumulation divisor */
   dg_work *count_work;
   /* Join's ranks-with-data count rides as one extra element in bucket 0's
    * all-reduce (built-in hooks; a user hook gets a separate all-reduce) */
@@ -53,7 +57,16 @@ struct dg_ddp {
    * lives in one shared segment and buckets are averaged in place there */
   struct dg__shmgrad *shmg;
   float *shm_mine;    /* this rank's buffer in it (the store's gradients) */
-  int shm_inline;     /* no spare core: averaged by backward-end's own thread */
+  int shm_inline;     /* no spare core: averaged by the thread that needs it */
+  dg_work *engine;    /* spare core: this round's averaging in the group's worker */
+  /* overlap with the next forward (dg_ddp_overlap_optimizer): the step is
+   * applied bucket by bucket when a parameter is first read */
+  struct dg_optim *opt;
+  int pending;        /* a synchronised step not yet applied everywhere */
+  float pend_lr;      /* the learning rate when that backward ended */
+  int zero_due;       /* gradients consumed by our update: zero them before
+                         the next backward accumulates */
+  int in_gate;
   /* built-in compression: per-bucket half buffers */
   uint16_t **half;
   size_t *half_cap;
@@ -75,9 +88,16 @@ int dg__ddp_rebuild(dg_ddp *d);
 void dg__ddp_start_bucket(dg_ddp *d, int k);
 /* Starts every bucket not started yet, in order. */
 void dg__ddp_start_rest(dg_ddp *d);
-/* Finishes every started bucket in order with `scale`; releases the rest.
- * Returns the first error. */
-int dg__ddp_finish_all(dg_ddp *d, float scale);
+/* Makes bucket k's average final in the store's gradients (scaled by
+ * 1 / (active * accum_div)): waits for it (through the hooks, in bucket
+ * order, or, in the shared segment, for k alone). Returns d->err. */
+int dg__ddp_finish_bucket(dg_ddp *d, int k);
+/* Finishes every started bucket; after a failure releases the rest and
+ * ends the round. Returns the first error. */
+int dg__ddp_finish_all(dg_ddp *d);
+/* The round is over (every bucket finished, or a failure): reaps the
+ * shared segment's engine. */
+void dg__ddp_end_round(dg_ddp *d);
 /* The hook's view of bucket k. */
 void dg__ddp_view(const dg_ddp *d, int k, dg_ddp_bucket *out);
 
@@ -91,6 +111,10 @@ int dg__ddp_can_piggy(const dg_ddp *d);
 int32_t dg__ddp_piggy_count(dg_ddp *d, void *pending);
 
 /* ddp.c */
+/* Ranks with data in this round (0 on failure, with the error recorded). */
+int32_t dg__ddp_round_count(dg_ddp *d);
+/* Finishes the round now: every bucket, the scale, the first rebuild. */
+int dg__ddp_finish_now(dg_ddp *d);
 /* Records the first failure: code and message (printf format). */
 int dg__ddp_fail(dg_ddp *d, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -101,5 +125,15 @@ double dg__ddp_now(void);
 int dg__ddp_verify(dg_ddp *d);
 /* Broadcasts values and buffers from `root`. */
 int dg__ddp_broadcast_state(dg_ddp *d, int root, int with_buffers);
+
+/* ddp_overlap.c: the update overlapping the next forward. */
+/* The store's gate: brings parameter i (or all) up to date. */
+int dg__ddp_gate(void *user, dg_params *ps, int i, char *err, size_t cap);
+/* At the end of a synchronising backward: counts the optimizer step and
+ * leaves the buckets to finish on demand (or, on the first step, before the
+ * rebuild, and with one rank, finishes and applies them now). */
+int dg__ddp_defer_step(dg_ddp *d);
+/* Finishes and applies every pending bucket. */
+int dg__ddp_land_all(dg_ddp *d);
 
 #endif

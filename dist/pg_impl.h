@@ -34,8 +34,7 @@ struct dg_work {
   uint64_t seq;  /* per group, every operation */
   uint32_t tag;  /* collectives: ProcessGroupGloo's collectiveCounter_ */
   void *buf;
-  void *seg;  /* DG_W_SHMGRAD: the segment; `off`: first element */
-  size_t off;
+  void *seg;  /* DG_W_SHMGRAD: the segment (`root`: the bucket wanted) */
   int caller_runs; /* run by the thread that waits for it, never the worker */
   const void *in;
   void *out;
@@ -145,20 +144,33 @@ int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop
 int dg__shm_setup(dg_pg *pg, dg_coll *c);
 void dg__shm_free(dg__shm *s);
 /* DDP's gradient segment: every rank's flat gradient buffer (nfloat) in
- * one shared mapping. Collective (public allreduces); *out stays NULL when
- * the group has no shared memory or a rank cannot map it. */
+ * one shared mapping, averaged bucket by bucket (at most nbmax buckets; the
+ * protocol is described in coll_shm.c). Collective (public allreduces);
+ * *out stays NULL when the group has no shared memory or a rank cannot map
+ * it. Called by the thread that runs backward, except _run (an engine:
+ * the group's worker, or a caller that needs a bucket). */
 typedef struct dg__shmgrad dg__shmgrad;
-int dg__shmgrad_new(dg_pg *pg, size_t nfloat, dg__shmgrad **out, float **mine);
+int dg__shmgrad_new(dg_pg *pg, size_t nfloat, int nbmax, dg__shmgrad **out, float **mine);
 void dg__shmgrad_free(dg__shmgrad *s);
-/* Averages elements [off, off + count) over every rank's buffer (f32),
- * results in every buffer; queued like any collective. With `sum`, *sum
- * is replaced by its sum over ranks in the same round (DDP's Join count).
- * With `caller_runs` the group's worker leaves it to dg_work_wait's caller
- * (a waiter on any later work runs it too): for ranks with no spare core,
- * where a background thread only adds hand-offs. */
-int dg__pg_shmgrad_allreduce(dg_pg *pg, dg__shmgrad *s, size_t off, size_t count,
-                             int32_t *sum, int caller_runs, dg_work **w);
-int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, size_t off, size_t count, int32_t *sum);
+/* Bucket k of nb: elements [off, off + n) of every buffer. */
+void dg__shmgrad_bucket(dg__shmgrad *s, int k, int nb, size_t off, size_t n);
+/* A new step; `count` (DDP's ranks-with-data) is summed over ranks. */
+void dg__shmgrad_begin(dg__shmgrad *s, int32_t count);
+/* This rank's gradients of bucket k are final. */
+void dg__shmgrad_ready(dg__shmgrad *s, int k);
+/* 1 when every rank has averaged its block of bucket k (this step). */
+int dg__shmgrad_complete(dg__shmgrad *s, int k);
+/* The step's count summed over ranks (valid once any bucket is complete). */
+int32_t dg__shmgrad_count(dg__shmgrad *s);
+/* Queues an engine on pg: averages this rank's blocks until bucket `want`
+ * is complete (want >= 0) or this rank has done every bucket (-1). With
+ * `caller_runs` it runs in dg_work_wait's caller, not the worker. */
+int dg__pg_shmgrad_post(dg_pg *pg, dg__shmgrad *s, int want, int caller_runs, dg_work **w);
+int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, int want);
+/* Waits (no engine of its own) until bucket k is complete, or until the
+ * engine `eng` (may be NULL) fails; a failure's message goes to err. */
+int dg__shmgrad_wait(dg_pg *pg, dg__shmgrad *s, int k, const dg_work *eng, char *err,
+                     size_t cap);
 int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_dtype dt,
                        dg_redop op);
 

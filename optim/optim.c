@@ -92,19 +92,53 @@ static void for_each_run(dg_optim *o, float *w, const float *g, range_fn fn) {
   if (open) dg__optim_run_range(o, w, g, lo, hi, fn);
 }
 
+static int store_unchanged(const dg_optim *o, size_t n) {
+  if (n == o->n && dg_params_count(o->ps) == o->nparams) return 1;
+  DG_LOGE("optim_step(%s): the parameter store changed after the optimizer was "
+          "created (%d -> %d parameters)", o->name, o->nparams, dg_params_count(o->ps));
+  return 0;
+}
+
 int dg_optim_step(dg_optim *o) {
   if (!o) return DG_EINVAL;
+  if (o->ddp_owned) {
+    DG_LOGE("optim_step(%s): this optimizer is stepped by its DDP (dg_ddp_overlap_optimizer); "
+            "dg_ddp_step_ready is 0 for it", o->name);
+    return DG_ESTATE;
+  }
   size_t n;
   float *w = dg_params_data(o->ps, &n);
   const float *g = dg_params_grad(o->ps, NULL);
-  if (n != o->n || dg_params_count(o->ps) != o->nparams) {
-    DG_LOGE("optim_step(%s): the parameter store changed after the optimizer was "
-            "created (%d -> %d parameters)", o->name, o->nparams, dg_params_count(o->ps));
-    return DG_ESTATE;
-  }
+  if (!store_unchanged(o, n)) return DG_ESTATE;
   o->step++;
   if (n) o->step_fn(o, w, g);
   return DG_OK;
+}
+
+int dg__optim_begin_step(dg_optim *o) {
+  if (!store_unchanged(o, o->ps->used_total)) return DG_ESTATE;
+  o->step++;
+  return DG_OK;
+}
+
+void dg__optim_step_span(dg_optim *o, size_t lo, size_t hi, float lr) {
+  /* raw buffers: the caller made the span's gradients final */
+  float *w = o->ps->data, *g = dg__params_grad_raw(o->ps);
+  const float keep = o->lr;
+  o->lr = lr;
+  dg__optim_range_fn fn = dg__optim_range(o);
+  if (fn) { /* element-wise: one run (padding between parameters is zero) */
+    dg__optim_run_range(o, w, g, lo, hi, fn);
+  } else {
+    for (int i = 0; i < o->nparams; i++) {
+      size_t plo, phi;
+      dg__optim_param_range(o, i, &plo, &phi);
+      if (plo < lo || phi > hi || plo == phi || !dg_params_trainable(o->ps, i)) continue;
+      if (o->kind == DG__OPT_LAMB) dg__lamb_param(o, w, g, plo, phi);
+      else dg__lars_param(o, o->excluded[i], w, g, plo, phi);
+    }
+  }
+  o->lr = keep;
 }
 
 const char *dg_optim_name(const dg_optim *o) { return o ? o->name : "?"; }

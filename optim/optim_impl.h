@@ -32,6 +32,7 @@ struct dg_optim {
   /* fused into backward (dg_optim_fuse_backward) */
   dg_ctx *fused_ctx;
   int fused_ready_id, fused_end_id, fused_in_step;
+  int ddp_owned; /* a DDP applies its steps (dg_ddp_overlap_optimizer) */
 };
 
 /* Element-wise update of [lo, hi) of the flat buffers (SGD, AdamW); NULL for
@@ -50,6 +51,19 @@ int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const ch
 
 /* AdamW/LAMB hyperparameters in range. */
 int dg__adam_opts_ok(const dg_adamw_opts *a);
+
+/* LAMB and LARS: one parameter's update over its range [lo, hi). */
+void dg__lamb_param(struct dg_optim *o, float *w, const float *g, size_t lo, size_t hi);
+void dg__lars_param(struct dg_optim *o, int excluded, float *w, const float *g, size_t lo,
+                    size_t hi);
+
+/* A step taken piecewise (DDP updating each bucket when its average lands):
+ * begin checks the store and counts the step, as dg_optim_step does; span
+ * applies it to the trainable parameters lying in [lo, hi) of the flat
+ * buffers (no frozen parameter among them), with learning rate lr. The
+ * pieces of one step give exactly dg_optim_step's result. */
+int dg__optim_begin_step(struct dg_optim *o);
+void dg__optim_step_span(struct dg_optim *o, size_t lo, size_t hi, float lr);
 
 /* Element range [lo, hi) of parameter i in the flat buffers. */
 void dg__optim_param_range(const dg_optim *o, int i, size_t *lo, size_t *hi);

@@ -11,7 +11,7 @@
 
 dg_lamb_opts dg_lamb_defaults(void) { return dg_adamw_defaults(); }
 
-static void lamb_param(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
+void dg__lamb_param(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
   const dg_adamw_opts *a = &o->adam;
   const double t = (double)o->step;
   const float bc1 = (float)(1.0 - pow(a->beta1, t)), bc2 = (float)(1.0 - pow(a->beta2, t));
@@ -41,7 +41,7 @@ static void lamb_step(dg_optim *o, float *w, const float *g) {
     if (!dg_params_trainable(o->ps, i)) continue;
     size_t lo, hi;
     dg__optim_param_range(o, i, &lo, &hi);
-    lamb_param(o, w, g, lo, hi);
+    dg__lamb_param(o, w, g, lo, hi);
   }
 }
 
@@ -74,8 +74,8 @@ dg_lars_opts dg_lars_defaults(void) {
   return d;
 }
 
-static void lars_param(dg_optim *o, int excluded, float *w, const float *g, size_t lo,
-                       size_t hi) {
+void dg__lars_param(dg_optim *o, int excluded, float *w, const float *g, size_t lo,
+                    size_t hi) {
   const float mom = o->lars.momentum;
   float *buf = o->state[0];
   if (excluded) {
@@ -109,7 +109,7 @@ static void lars_step(dg_optim *o, float *w, const float *g) {
     if (!dg_params_trainable(o->ps, i)) continue;
     size_t lo, hi;
     dg__optim_param_range(o, i, &lo, &hi);
-    lars_param(o, o->excluded[i], w, g, lo, hi);
+    dg__lars_param(o, o->excluded[i], w, g, lo, hi);
   }
 }
 

@@ -85,6 +85,8 @@ dg_tensor *dg__new_like(dg_ctx *ctx, const char *op, const dg_tensor *x) {
 }
 
 dg_tensor *dg__alias(dg_ctx *ctx, const char *op, dg_tensor *x) {
+  /* a view of a parameter is read later through the view: wait now */
+  if ((x->flags & DG_TF_GATED) && dg__param_gate(ctx, op, x)) return NULL;
   dg_tensor *t = dg__arena_alloc(&ctx->arena, sizeof *t);
   if (!t) {
     dg__set_error(ctx, DG_ENOMEM, "%s: out of memory for a view header", op);
@@ -406,9 +408,13 @@ int64_t dg_tensor_numel(const dg_tensor *t) { return t ? dg__numel(t) : 0; }
 dg_dtype dg_tensor_dtype(const dg_tensor *t) { return t ? t->dtype : DG_F32; }
 int dg_tensor_device(const dg_tensor *t) { return t ? t->device : DG_CPU; }
 int dg_tensor_is_contiguous(const dg_tensor *t) { return t ? dg__is_contig(t) : 0; }
-void *dg_tensor_data(const dg_tensor *t) { return t ? t->data : NULL; }
+void *dg_tensor_data(const dg_tensor *t) {
+  if (t && (t->flags & DG_TF_GATED)) (void)dg__params_flush(t->params, t->param_id);
+  return t ? t->data : NULL;
+}
 dg_tensor *dg_tensor_grad(const dg_tensor *t) {
   if (!t) return NULL;
+  if (t->flags & DG_TF_GATED) (void)dg__params_flush(t->params, t->param_id);
   if (t->flags & DG_TF_GRAD_STALE) {
     if (t->param_id >= 0) dg__param_grad_materialize((dg_tensor *)t);
     else if (t->grad) {

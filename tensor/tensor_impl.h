@@ -20,6 +20,9 @@ enum {
    * first writer overwrites instead of adding (lazy zero_grad, fresh
    * activation gradients), and every other reader zeroes it first */
   DG_TF_GRAD_STALE = 1u << 3,
+  /* a parameter whose update is still pending (DDP overlapping the next
+   * forward with the all-reduce): readers wait through the store's gate */
+  DG_TF_GATED = 1u << 4,
 };
 
 typedef struct dg_storage {
@@ -125,6 +128,10 @@ struct dg_ctx {
   } gpool[32];
 };
 
+#define DG__GATE_ALL (-1)
+#define DG__GATE_BACKWARD (-2)
+typedef int (*dg__gate_fn)(void *user, dg_params *ps, int i, char *err, size_t cap);
+
 struct dg_params {
   int n, cap;
   dg_tensor **t;      /* headers (heap) */
@@ -141,6 +148,11 @@ struct dg_params {
   float **companions; /* buffers laid out like data (optimizer state) */
   int ncompanions;
   int grad_lent;      /* grad is someone else's memory (DDP's shared segment) */
+  /* Pending updates (parameters flagged DG_TF_GATED): gate(user, ps, i, ..)
+   * brings parameter i up to date, i = DG__GATE_ALL every parameter, and
+   * DG__GATE_BACKWARD every parameter before a backward writes gradients. */
+  dg__gate_fn gate;
+  void *gate_user;
 };
 
 /* ---- errors ---- */
@@ -154,6 +166,14 @@ int dg__set_error(dg_ctx *ctx, int code, const char *fmt, ...)
 int dg__null_input(dg_ctx *ctx, const char *op, const char *what, const dg_tensor *t);
 /* Checks t is f32 on CPU; records "op: NAME must be f32, got (..) bf16". */
 int dg__check_f32(dg_ctx *ctx, const char *op, const char *what, const dg_tensor *t);
+
+/* Waits for the pending update of parameter t (flagged DG_TF_GATED); a
+ * failure is recorded on ctx naming op and returned. */
+int dg__param_gate(dg_ctx *ctx, const char *op, const dg_tensor *t);
+/* Brings every parameter of ps up to date (`i` as for the gate); failures
+ * are logged and returned. */
+int dg__params_flush(dg_params *ps, int i);
+void dg__params_set_gate(dg_params *ps, dg__gate_fn fn, void *user);
 
 /* ---- tensor helpers ---- */
 

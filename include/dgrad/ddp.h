@@ -77,6 +77,23 @@
  * installs a grad-ready and a backward-end hook on ctx plus attaches ps to
  * it; dg_ddp_free removes the hooks. dg_ddp_free(NULL) is a no-op.
  *
+ * Overlap with the next forward. dg_ddp_overlap_optimizer(ddp, opt) hands
+ * the optimizer step to DDP, and backward no longer waits for the
+ * all-reduces: each bucket's update is applied when the next forward first
+ * reads one of its parameters (an op, a view, dg_tensor_data), so
+ * communication also overlaps forward, not only backward. Buckets a forward
+ * needs first are averaged first (shared-memory path). The result is
+ * exactly that of the loop above. In this mode dg_ddp_step_ready is always
+ * 0 and dg_optim_step on that optimizer fails (DG_ESTATE): keep the loop as
+ * it is, or drop the step and zero_grad. The gradients are zeroed by the
+ * next backward. Set a learning-rate schedule before backward as usual: the
+ * update uses the rate in force when backward ended. Global-norm clipping
+ * cannot run in this mode (it needs every gradient before any update).
+ * Raw access (dg_params_data, dg_params_grad, dg_tensor_data, a checkpoint)
+ * waits for the pending update first; dg_ddp_flush applies it explicitly
+ * and reports a failure (a dead peer then fails the op that reads a
+ * parameter, naming the rank). dg_ddp_free and dg_ddp_join apply it too.
+ *
  * Threads. A dg_ddp is used by the thread that runs backward on its ctx; its
  * all-reduces run in the group's worker thread. Do not post other
  * collectives on the same group from another thread during a backward. */
@@ -89,6 +106,7 @@
 #include "dgrad/common.h"
 #include "dgrad/data.h"
 #include "dgrad/dist.h"
+#include "dgrad/optim.h"
 #include "dgrad/tensor.h"
 
 #ifdef __cplusplus
@@ -179,6 +197,13 @@ int dg_ddp_will_sync(const dg_ddp *ddp);
  * the optimizer now, then zero the gradients). */
 int dg_ddp_step_ready(const dg_ddp *ddp);
 
+/* Hands opt's steps to DDP (see "Overlap with the next forward"); opt must
+ * update this DDP's store. NULL gives the step back. DG_ESTATE inside a
+ * step or when opt is already fused into backward or owned by a DDP. */
+int dg_ddp_overlap_optimizer(dg_ddp *ddp, dg_optim *opt);
+/* Applies a pending update now (every bucket). DG_OK or the failure. */
+int dg_ddp_flush(dg_ddp *ddp);
+
 /* Join (see above): returns when every rank has joined, after the final
  * parameter broadcast. DG_ESTATE with no_join, else DG_OK or the group's
  * failure (message in dg_ddp_errmsg). */
@@ -198,7 +223,9 @@ typedef struct {
   int64_t sync_steps;     /* synchronising backwards with data */
   int64_t local_steps;    /* backwards without communication */
   int64_t shadow_steps;   /* steps answered while joined */
-  double wait_s;          /* time backward-end spent waiting for buckets */
+  int64_t overlapped_steps; /* updates applied during the next forward */
+  double wait_s;          /* time spent waiting for buckets (backward end, or
+                             the next forward's reads in overlap mode) */
   double bytes_reduced;   /* f32 gradient bytes put through hooks */
 } dg_ddp_stats;
 

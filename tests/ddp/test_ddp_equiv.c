@@ -2,13 +2,17 @@
  * micro-batches per step (accumulation), gives the same parameters after N
  * steps as one process stepping on the concatenated W*K*M rows.
  *
- *   test_ddp_equiv W OPTIM K MODE COMM CAPS
+ *   test_ddp_equiv W OPTIM K MODE COMM CAPS [fwd]
  *     OPTIM: sgd | adamw | lamb | lars
  *     K:     micro-batches per step (1: no accumulation)
  *     MODE:  plain | unused (a registered parameter the forward never uses)
  *            | nosync (K-1 micro-steps inside dg_ddp_set_sync(0), loss / K)
  *     COMM:  f32 | fp16 | bf16
  *     CAPS:  small (a bucket per parameter or two) | default (25 MiB / 1 MiB)
+ *     fwd:   DDP steps the optimizer itself, each bucket's update landing
+ *            when the next forward reads it (dg_ddp_overlap_optimizer),
+ *            under a learning rate that changes every step (set before the
+ *            forward, while the previous update is still pending)
  *
  * Bounds (max |ddp - ref| / max |ref| over all parameters): f32 1e-5;
  * fp16 2e-3 and bf16 2e-2 (their mantissas keep 11 and 8 bits: one rounding
@@ -22,8 +26,13 @@
 
 typedef struct {
   const char *optim, *mode, *comm, *caps;
-  int K;
+  int K, fwd;
 } cfg;
+
+/* fwd: the rate of step s (the same schedule in the reference). */
+static void schedule(const cfg *c, dg_optim *o, float base, int s) {
+  if (c->fwd) dg_optim_set_lr(o, base * (1.0f - 0.1f * (float)s));
+}
 
 static double bound(const cfg *c) {
   if (!strcmp(c->comm, "fp16")) return 2e-3;
@@ -50,7 +59,13 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
     fprintf(stderr, "rank %d: ddp_new: %s\n", r, dg_errmsg(ctx));
     return 5;
   }
+  const float base = dg_optim_get_lr(opt);
+  if (c->fwd) {
+    CHECK_OK(dg_ddp_overlap_optimizer(ddp, opt));
+    CHECK_EQ_INT(dg_optim_step(opt), DG_ESTATE); /* owned: stepping it would double */
+  }
   for (int s = 0; s < STEPS; s++) {
+    schedule(c, opt, base, s);
     for (int j = 0; j < c->K; j++) {
       int64_t first = (int64_t)s * W * c->K * M + ((int64_t)j * W + r) * M;
       if (manual) dg_ddp_set_sync(ddp, j == c->K - 1);
@@ -62,7 +77,7 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
         fprintf(stderr, "rank %d step %d: %s\n", r, s, dg_errmsg(ctx));
         return 6;
       }
-      CHECK_EQ_INT(dg_ddp_step_ready(ddp), j == c->K - 1);
+      CHECK_EQ_INT(dg_ddp_step_ready(ddp), !c->fwd && j == c->K - 1);
       if (dg_ddp_step_ready(ddp)) {
         CHECK_OK(dg_optim_step(opt));
         dg_params_zero_grad(m->ps);
@@ -77,6 +92,8 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
   CHECK_EQ_INT(sts.rebuilt, W > 1); /* one rank: nothing to exchange or rebuild */
   if (!strcmp(c->caps, "small")) CHECK(sts.nbuckets >= 3);
   else CHECK_EQ_INT(sts.nbuckets, 1);
+  /* every update after the first (which precedes the rebuild) is deferred */
+  CHECK_EQ_INT(sts.overlapped_steps, c->fwd && W > 1 ? STEPS - 1 : 0);
   dg_ddp_free(ddp);
   dg_optim_free(opt);
   dg_ctx_free(ctx);
@@ -91,7 +108,9 @@ static int run_ref(int W, const cfg *c, du_mlp *m) {
       du_optim(c->optim, m->ps, &opt))
     return 7;
   int64_t n = (int64_t)W * c->K * M;
+  const float base = dg_optim_get_lr(opt);
   for (int s = 0; s < STEPS; s++) {
+    schedule(c, opt, base, s);
     dg_tensor *loss = du_loss(ctx, m, s * n, n);
     if (!loss || dg_backward(ctx, loss)) return 8;
     dg_optim_step(opt);
@@ -110,8 +129,8 @@ static int rank_main(int r, int W, void *arg) {
   if (rc) return rc;
   if ((rc = run_ref(W, c, &ref))) return rc;
   double rel = du_rel_diff(d.ps, ref.ps);
-  fprintf(stderr, "rank %d: %s K=%d %s %s %s: max rel diff %.3g (bound %.0e)\n", r, c->optim,
-          c->K, c->mode, c->comm, c->caps, rel, bound(c));
+  fprintf(stderr, "rank %d: %s K=%d %s %s %s%s: max rel diff %.3g (bound %.0e)\n", r,
+          c->optim, c->K, c->mode, c->comm, c->caps, c->fwd ? " fwd" : "", rel, bound(c));
   CHECK(rel <= bound(c));
   if (strcmp(c->comm, "f32")) CHECK(rel > 0); /* compression must actually round */
   dg_params_free(d.ps);
@@ -120,12 +139,12 @@ static int rank_main(int r, int W, void *arg) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 7) {
-    fprintf(stderr, "usage: %s W OPTIM K MODE COMM CAPS\n", argv[0]);
+  if (argc != 7 && !(argc == 8 && !strcmp(argv[7], "fwd"))) {
+    fprintf(stderr, "usage: %s W OPTIM K MODE COMM CAPS [fwd]\n", argv[0]);
     return 2;
   }
   int W = atoi(argv[1]);
-  cfg c = {argv[2], argv[4], argv[5], argv[6], atoi(argv[3])};
+  cfg c = {argv[2], argv[4], argv[5], argv[6], atoi(argv[3]), argc == 8};
   REQUIRE(W >= 1 && W <= 8 && c.K >= 1);
   CHECK_EQ_INT(du_run(W, rank_main, &c, 60, NULL), 0);
   return TEST_DONE();

@@ -3,6 +3,13 @@
  *                            backward: on ranks 0 and 1 dg_backward returns
  *                            an error within 5 s naming rank 2 (no hang),
  *                            and the next backward fails at once too.
+ *   test_ddp_fault dead_fwd  the same with DDP stepping the optimizer
+ *                            (dg_ddp_overlap_optimizer): the failure may
+ *                            surface in the forward that reads a parameter
+ *                            whose update is pending, or in backward; a
+ *                            backward that only publishes its buckets may
+ *                            still succeed in step 3 (the averaging runs
+ *                            on), so the failure must come by step 4.
  *   test_ddp_fault shape     rank 1 registers fc2.weight with another shape:
  *                            dg_ddp_new fails on every rank with
  *                            DG_EMISMATCH naming the parameter and ranks.
@@ -21,7 +28,7 @@ static double ms_since(const struct timespec *t0) {
   return (t.tv_sec - t0->tv_sec) * 1e3 + (t.tv_nsec - t0->tv_nsec) / 1e6;
 }
 
-static int dead_peer(int r, dg_ctx *ctx, du_mlp *m) {
+static int dead_peer(int r, dg_ctx *ctx, du_mlp *m, int fwd) {
   for (int s = 0; s < 6; s++) {
     if (r == 2 && s == 3) {
       usleep(300000); /* let the others finish step 2 before the sockets reset */
@@ -30,13 +37,13 @@ static int dead_peer(int r, dg_ctx *ctx, du_mlp *m) {
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     dg_tensor *loss = du_loss(ctx, m, (s * W + r) * M, M);
-    int rc = loss ? dg_backward(ctx, loss) : DG_EINVAL;
+    int rc = loss ? dg_backward(ctx, loss) : fwd ? dg_errcode(ctx) : DG_EINVAL;
     double ms = ms_since(&t0);
     char msg[600];
     snprintf(msg, sizeof msg, "%s", dg_errmsg(ctx));
-    dg_params_zero_grad(m->ps);
+    if (!fwd) dg_params_zero_grad(m->ps);
     dg_ctx_reset(ctx);
-    if (s < 3) {
+    if (s < 3 || (fwd && s == 3 && rc == DG_OK)) {
       CHECK_OK(rc);
       continue;
     }
@@ -94,14 +101,17 @@ static int rank_main(int r, int w, void *arg) {
     dg_tensor *t;
     dg_params_add(m.ps, "extra.bias", 1, &n, &t);
   }
-  if (strcmp(g_mode, "dead")) {
+  int fwd = !strcmp(g_mode, "dead_fwd");
+  if (strcmp(g_mode, "dead") && !fwd) {
     int rc = mismatch(r, ctx, &m, pg);
     du_leave(st, pg, W);
     return rc;
   }
   dg_ddp *ddp = NULL;
+  dg_optim *opt = NULL;
   if (dg_ddp_new(&ddp, ctx, m.ps, pg, NULL)) return 4;
-  return dead_peer(r, ctx, &m); /* exits without cleanup: peers are gone */
+  if (fwd && (du_optim("sgd", m.ps, &opt) || dg_ddp_overlap_optimizer(ddp, opt))) return 5;
+  return dead_peer(r, ctx, &m, fwd); /* exits without cleanup: peers are gone */
 }
 
 int main(int argc, char **argv) {
@@ -109,7 +119,7 @@ int main(int argc, char **argv) {
   int st[W];
   du_run(W, rank_main, NULL, 60, st);
   for (int r = 0; r < W; r++) {
-    if (!strcmp(g_mode, "dead") && r == 2) {
+    if (!strncmp(g_mode, "dead", 4) && r == 2) {
       CHECK(st[r] != -1 && WIFSIGNALED(st[r]) && WTERMSIG(st[r]) == SIGKILL);
       continue;
     }

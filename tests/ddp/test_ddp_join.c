@@ -8,7 +8,10 @@
  * all-reduce; with a user hook ("user": a plain f32 sum written here) it is
  * a separate all-reduce.
  *
- *   test_ddp_join OPTIM COMM     (COMM: f32 | fp16 | bf16 | user) */
+ * With "fwd" DDP steps the optimizer itself (dg_ddp_overlap_optimizer): the
+ * last update of a rank is still pending when it joins.
+ *
+ *   test_ddp_join OPTIM COMM [fwd]    (COMM: f32 | fp16 | bf16 | user) */
 #include "tests/ddp/ddp_util.h"
 
 #define W 3
@@ -17,6 +20,7 @@ static const int k_batches[W] = {10, 7, 3};
 
 typedef struct {
   const char *optim, *comm;
+  int fwd;
 } cfg;
 
 /* A user comm hook: sum in f32, times scale. */
@@ -62,6 +66,7 @@ static int train(int r, const cfg *c, du_mlp *m, double *elapsed_ms) {
                                       : DG_DDP_COMM_F32;
   if (!strcmp(c->comm, "user")) o.hook = &k_user_hook;
   if (dg_ddp_new(&ddp, ctx, m->ps, pg, &o)) return 3;
+  if (c->fwd && dg_ddp_overlap_optimizer(ddp, opt)) return 3;
   struct timespec t0, t1;
   for (int s = 0; s < k_batches[r]; s++) {
     dg_tensor *loss = du_loss(ctx, m, first_row(s, r), M);
@@ -69,9 +74,11 @@ static int train(int r, const cfg *c, du_mlp *m, double *elapsed_ms) {
       fprintf(stderr, "rank %d step %d: %s\n", r, s, dg_errmsg(ctx));
       return 4;
     }
-    CHECK(dg_ddp_step_ready(ddp));
-    dg_optim_step(opt);
-    dg_params_zero_grad(m->ps);
+    CHECK_EQ_INT(dg_ddp_step_ready(ddp), !c->fwd);
+    if (!c->fwd) {
+      dg_optim_step(opt);
+      dg_params_zero_grad(m->ps);
+    }
     dg_ctx_reset(ctx);
   }
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -86,6 +93,7 @@ static int train(int r, const cfg *c, du_mlp *m, double *elapsed_ms) {
   dg_ddp_get_stats(ddp, &sts);
   CHECK_EQ_INT(sts.sync_steps, k_batches[r]);
   CHECK_EQ_INT(sts.shadow_steps, k_batches[0] - k_batches[r]);
+  CHECK_EQ_INT(sts.overlapped_steps, c->fwd ? k_batches[r] - 1 : 0);
   dg_ddp_free(ddp);
   dg_optim_free(opt);
   dg_ctx_free(ctx);
@@ -138,7 +146,8 @@ static int rank_main(int r, int w, void *arg) {
 }
 
 int main(int argc, char **argv) {
-  cfg c = {argc > 1 ? argv[1] : "sgd", argc > 2 ? argv[2] : "f32"};
+  cfg c = {argc > 1 ? argv[1] : "sgd", argc > 2 ? argv[2] : "f32",
+           argc > 3 && !strcmp(argv[3], "fwd")};
   CHECK_EQ_INT(du_run(W, rank_main, &c, 60, NULL), 0);
   return TEST_DONE();
 }

@@ -1,0 +1,100 @@
+/* DDP with the optimizer step overlapping the next forward
+ * (dg_ddp_overlap_optimizer). Backward only publishes its buckets; the
+ * all-reduces run on. Every trainable parameter is flagged DG_TF_GATED and
+ * the first op that reads one (dg__check_f32, a view, raw access) comes
+ * through the store's gate here: its bucket's average is waited for, the
+ * optimizer updates that bucket's parameters, and their flags drop. The
+ * forward reads the first layer first, whose bucket is ready last, so the
+ * shared-memory engines average the bucket the forward needs first.
+ * Parameters nothing read are brought up to date before the next backward
+ * writes gradients. The arithmetic is dg_optim_step's, bucket by bucket. */
+#include <stdio.h>
+
+#include "dist/ddp_impl.h"
+#include "dist/pg_impl.h"
+#include "dist/transport/transport_impl.h"
+#include "optim/optim_impl.h"
+#include "tensor/tensor_impl.h"
+
+/* Updates bucket k's parameters (their average is final); lifts their gates. */
+static void apply(dg_ddp *d, int k) {
+  dg__ddp_bucket *b = &d->b[k];
+  dg__optim_step_span(d->opt, b->lo, b->hi, d->pend_lr);
+  b->applied = 1;
+  for (int i = 0; i < d->nparams; i++)
+    if (d->pbucket[i] == k) dg_params_get(d->ps, i)->flags &= ~(uint32_t)DG_TF_GATED;
+}
+
+/* Finishes and applies bucket k (hooks finish earlier buckets with it). */
+static int land(dg_ddp *d, int k) {
+  double t0 = dg__ddp_now();
+  int rc = dg__ddp_finish_bucket(d, k);
+  d->st.wait_s += dg__ddp_now() - t0;
+  if (rc) return rc;
+  int left = 0;
+  for (int j = 0; j < d->nb; j++) {
+    if (d->b[j].finished && !d->b[j].applied) apply(d, j);
+    left += !d->b[j].applied;
+  }
+  if (!left) { /* the step is complete */
+    d->pending = 0;
+    d->zero_due = 1;
+    dg__ddp_end_round(d);
+  }
+  return DG_OK;
+}
+
+int dg__ddp_land_all(dg_ddp *d) {
+  /* the order the engines prefer: the next forward's */
+  for (int k = d->nb - 1; k >= 0 && d->pending; k--)
+    if (!d->b[k].applied && land(d, k)) break;
+  if (d->err) dg__ddp_end_round(d);
+  return d->err;
+}
+
+int dg__ddp_defer_step(dg_ddp *d) {
+  int rc = dg__optim_begin_step(d->opt);
+  if (rc)
+    return dg__ddp_fail(d, rc, "ddp: rank %d: the optimizer's parameter store changed after "
+                        "it was created", d->rank);
+  d->pend_lr = d->opt->lr; /* a schedule may set the next rate before the update lands */
+  if (d->world == 1 || (!d->rebuilt && !d->opts.static_buckets)) {
+    /* one rank has nothing to wait for; the first step re-lays the store
+     * out (the rebuild), so its buckets must be final first */
+    if ((rc = dg__ddp_finish_now(d))) return rc;
+    for (int k = 0; k < d->nb; k++) apply(d, k);
+    d->zero_due = 1;
+    return DG_OK;
+  }
+  dg__ddp_start_rest(d);
+  /* backward does not wait here: report a failure the group already knows */
+  int e = d->pg->x->vt->error(d->pg->x, NULL, 0);
+  if (e && !d->err)
+    dg__ddp_fail(d, e, "ddp: rank %d: step %lld: the group failed: %s", d->rank,
+                 (long long)d->st.sync_steps, dg_pg_errmsg(d->pg));
+  if (d->err) return d->err;
+  d->pending = 1;
+  d->st.overlapped_steps++;
+  for (int i = 0; i < d->nparams; i++)
+    if (d->pbucket[i] >= 0) dg_params_get(d->ps, i)->flags |= DG_TF_GATED;
+  return DG_OK;
+}
+
+int dg__ddp_gate(void *user, dg_params *ps, int i, char *err, size_t cap) {
+  dg_ddp *d = user;
+  if (d->in_gate || ps != d->ps) return DG_OK;
+  d->in_gate = 1;
+  int rc = DG_OK;
+  if (d->pending) {
+    int k = i >= 0 && i < d->nparams ? d->pbucket[i] : -1;
+    if (i < 0) rc = dg__ddp_land_all(d);
+    else if (k >= 0 && !d->b[k].applied) rc = land(d, k);
+  }
+  if (!rc && i == DG__GATE_BACKWARD && d->zero_due) {
+    d->zero_due = 0; /* what dg_params_zero_grad after dg_optim_step does */
+    dg_params_zero_grad(ps);
+  }
+  d->in_gate = 0;
+  if (rc) snprintf(err, cap, "%s", d->errmsg);
+  return rc;
+}
