@@ -350,10 +350,22 @@ int dg__shm_setup(dg_pg *pg, dg_coll *c) {
  *     average r's block of it, done[r][k] = g; none: sleep on the bell
  *   bucket k is complete when done[p][k] = g on every rank p.
  * Ranks may pick in different orders (each picks from what it sees) and no
- * one waits for buckets in a fixed sequence, so no order can deadlock. The
- * engine runs in the group's worker during backward, or, on machines
- * without a spare core, in the thread that needs a bucket. Every publish
- * bumps the bell (one futex for all waiters). ---- */
+ * one waits for buckets in a fixed sequence, so no order can deadlock.
+ * Progress is cooperative: the backward thread takes what it can at every
+ * grad-ready hook and the thread that needs a bucket while it waits; with a
+ * spare core the group's worker also runs an engine during backward (a
+ * claim per bucket keeps a block from being done twice). Every publish
+ * bumps the bell (one futex for all waiters).
+ *
+ * A simulated slow link (DG_SIM_LINK_GBIT) models a NIC with a priority
+ * queue and DMA, not a sleeping thread: a bucket is posted when every rank
+ * has published it (avail = the latest ready_at); whenever the link is
+ * free the most urgent posted bucket is sent, taking bytes / rate; a
+ * bucket is complete once the data is averaged and its transfer has ended.
+ * Every rank computes this schedule from the same shared ready_at times,
+ * lazily up to "now" (a decision at time t only involves buckets posted
+ * by t, all known by now), so no thread has to wake up to start a
+ * transfer; the averaging itself is CPU work done at the looks. ---- */
 
 typedef struct {
   uint32_t bell __attribute__((aligned(64)));
@@ -365,10 +377,16 @@ struct dg__shmgrad {
   size_t len, stride; /* mapping; bytes between ranks' buffers */
   int W, rank, nbmax, nb;
   grad_hdr *hdr;
-  unsigned char *ctl;  /* (W) per-rank words: count[2] | ready[nbmax] | done[nbmax] */
+  unsigned char *ctl;  /* (W) per-rank words (see done_of) */
   size_t ctl_stride;
   unsigned char *data;
   size_t *off, *cnt;   /* (nbmax) bucket k: [off, off + cnt) */
+  uint32_t *claimed;   /* (nbmax) step that took my block of bucket k */
+  double link_ns_per_byte; /* simulated link, 0: none */
+  int64_t link_free;   /* simulated link: the schedule is fixed up to here */
+  int64_t *sched_end;  /* (nbmax) bucket k's transfer ends (this step's) */
+  uint32_t *sched_gen; /* (nbmax) step whose transfer sched_end is */
+  int sched_lock;      /* advance() is run by one thread at a time */
   uint32_t gen;        /* this rank's step number */
 };
 
@@ -378,12 +396,21 @@ static size_t page_up(size_t n) { return (n + 4095) / 4096 * 4096; }
 static size_t line_up(size_t n) { return (n + 63) / 64 * 64; }
 
 static int32_t *count_of(dg__shmgrad *s, int r) { return (int32_t *)(s->ctl + (size_t)r * s->ctl_stride); }
-static uint32_t *ready_of(dg__shmgrad *s, int r) {
+/* Per rank after count[2]: done[nbmax] | ready[2][nbmax] | ready_at[2][nbmax]
+ * (ns, CLOCK_MONOTONIC);
+ * ready words and times by step parity, as the counts: a peer one step
+ * ahead must not erase what the simulated link's schedule still reads. */
+static uint32_t *done_of(dg__shmgrad *s, int r) {
   return (uint32_t *)(s->ctl + (size_t)r * s->ctl_stride + 64);
 }
-static uint32_t *done_of(dg__shmgrad *s, int r) {
-  return (uint32_t *)(s->ctl + (size_t)r * s->ctl_stride + 64 +
-                      line_up((size_t)s->nbmax * sizeof(uint32_t)));
+static uint32_t *ready_of(dg__shmgrad *s, int r) {
+  size_t w = line_up((size_t)s->nbmax * sizeof(uint32_t));
+  return (uint32_t *)(s->ctl + (size_t)r * s->ctl_stride + 64 + w + (s->gen & 1) * w);
+}
+static int64_t *ready_at_of(dg__shmgrad *s, int r) {
+  size_t w = line_up((size_t)s->nbmax * sizeof(uint32_t));
+  size_t t = line_up((size_t)s->nbmax * sizeof(int64_t));
+  return (int64_t *)(s->ctl + (size_t)r * s->ctl_stride + 64 + 3 * w + (s->gen & 1) * t);
 }
 
 static int agree_pub(void *arg, int64_t *v, dg_redop op) {
@@ -395,7 +422,8 @@ int dg__shmgrad_new(dg_pg *pg, size_t nfloat, int nbmax, dg__shmgrad **out, floa
   *mine = NULL;
   if (!pg->shm || nbmax < 1) return DG_OK;
   size_t stride = page_up((nfloat ? nfloat : 1) * sizeof(float));
-  size_t cs = 64 + 2 * line_up((size_t)nbmax * sizeof(uint32_t));
+  size_t cs = 64 + 3 * line_up((size_t)nbmax * sizeof(uint32_t)) +
+              2 * line_up((size_t)nbmax * sizeof(int64_t));
   size_t ctl = page_up(sizeof(grad_hdr) + (size_t)pg->size * cs);
   size_t len = ctl + (size_t)pg->size * stride;
   void *p = NULL;
@@ -403,18 +431,24 @@ int dg__shmgrad_new(dg_pg *pg, size_t nfloat, int nbmax, dg__shmgrad **out, floa
   if (rc != DG_OK || !p) return rc;
   dg__shmgrad *s = dg__calloc(1, sizeof *s);
   size_t *oc = dg__calloc((size_t)nbmax * 2, sizeof *oc);
-  int64_t ok = s && oc;
+  uint32_t *cl = dg__calloc((size_t)nbmax * 2, sizeof *cl);
+  int64_t *se = dg__calloc((size_t)nbmax, sizeof *se);
+  int64_t ok = s && oc && cl && se;
   rc = agree_pub(pg, &ok, DG_RED_MIN);
   if (rc != DG_OK || !ok) {
     dg__free(s);
     dg__free(oc);
+    dg__free(cl);
+    dg__free(se);
     munmap(p, len);
     return rc;
   }
   *s = (dg__shmgrad){.base = p, .len = len, .stride = stride, .W = pg->size, .rank = pg->rank,
                      .nbmax = nbmax, .hdr = p, .ctl = (unsigned char *)p + sizeof(grad_hdr),
                      .ctl_stride = cs, .data = (unsigned char *)p + ctl, .off = oc,
-                     .cnt = oc + nbmax};
+                     .cnt = oc + nbmax, .claimed = cl, .sched_gen = cl + nbmax,
+                     .sched_end = se,
+                     .link_ns_per_byte = pg->shm->link_ns_per_byte};
   *out = s;
   *mine = (float *)(s->data + (size_t)pg->rank * stride);
   return DG_OK;
@@ -424,6 +458,8 @@ void dg__shmgrad_free(dg__shmgrad *s) {
   if (!s) return;
   munmap(s->base, s->len);
   dg__free(s->off);
+  dg__free(s->claimed);
+  dg__free(s->sched_end);
   dg__free(s);
 }
 
@@ -448,17 +484,74 @@ void dg__shmgrad_begin(dg__shmgrad *s, int32_t count) {
 }
 
 void dg__shmgrad_ready(dg__shmgrad *s, int k) {
+  __atomic_store_n(&ready_at_of(s, s->rank)[k], dg__now_ns(), __ATOMIC_RELAXED);
   __atomic_store_n(&ready_of(s, s->rank)[k], s->gen, __ATOMIC_SEQ_CST);
   ring(s);
 }
 
 static int is_gen(const uint32_t *w, uint32_t g) { return __atomic_load_n(w, __ATOMIC_ACQUIRE) == g; }
 
-int dg__shmgrad_complete(dg__shmgrad *s, int k) {
+static int data_done(dg__shmgrad *s, int k) {
   for (int p = 0; p < s->W; p++)
     if (!is_gen(&done_of(s, p)[k], s->gen)) return 0;
   return 1;
 }
+
+/* When bucket k was posted everywhere (the latest ready_at), or -1. */
+static int64_t avail(dg__shmgrad *s, int k) {
+  int64_t t = 0;
+  for (int p = 0; p < s->W; p++) {
+    if (!is_gen(&ready_of(s, p)[k], s->gen)) return -1;
+    t = DG_MAX(t, __atomic_load_n(&ready_at_of(s, p)[k], __ATOMIC_RELAXED));
+  }
+  return t;
+}
+
+static int scheduled(dg__shmgrad *s, int k) {
+  return __atomic_load_n(&s->sched_gen[k], __ATOMIC_ACQUIRE) == s->gen;
+}
+
+/* The simulated link's schedule up to now: from the time the link is free,
+ * send the most urgent (highest index) bucket posted by then. */
+static void advance(dg__shmgrad *s, int64_t now) {
+  if (s->link_ns_per_byte <= 0 || __atomic_exchange_n(&s->sched_lock, 1, __ATOMIC_ACQUIRE))
+    return;
+  for (;;) {
+    int64_t t = s->link_free, first = INT64_MAX;
+    int best = -1;
+    for (int k = s->nb - 1; k >= 0; k--) {
+      int64_t a;
+      if (scheduled(s, k) || (a = avail(s, k)) < 0) continue;
+      first = DG_MIN(first, a);
+      if (best < 0 && a <= t) best = k;
+    }
+    if (first == INT64_MAX) break; /* nothing posted */
+    if (best < 0) { /* the link idles until the first posting */
+      t = first;
+      for (int k = s->nb - 1; k >= 0 && best < 0; k--)
+        if (!scheduled(s, k) && avail(s, k) >= 0 && avail(s, k) <= t) best = k;
+    }
+    if (t > now) break; /* decided later, when all postings up to t are known */
+    int64_t end = t + (int64_t)(s->link_ns_per_byte * (double)s->cnt[best] * sizeof(float) *
+                                2.0 * (s->W - 1) / s->W); /* as a ring would */
+    s->sched_end[best] = end;
+    __atomic_store_n(&s->sched_gen[best], s->gen, __ATOMIC_RELEASE);
+    s->link_free = end;
+  }
+  __atomic_store_n(&s->sched_lock, 0, __ATOMIC_RELEASE);
+}
+
+/* 0 when bucket k is complete, else the time to look again (INT64_MAX:
+ * when something is published). */
+static int64_t pending_until(dg__shmgrad *s, int k, int64_t now) {
+  if (!data_done(s, k)) return INT64_MAX;
+  if (s->link_ns_per_byte <= 0) return 0;
+  advance(s, now);
+  if (scheduled(s, k)) return now >= s->sched_end[k] ? 0 : s->sched_end[k];
+  return s->link_free > now ? s->link_free : INT64_MAX;
+}
+
+int dg__shmgrad_complete(dg__shmgrad *s, int k) { return pending_until(s, k, dg__now_ns()) == 0; }
 
 int32_t dg__shmgrad_count(dg__shmgrad *s) {
   int32_t t = 0;
@@ -488,15 +581,32 @@ static void grad_block(dg__shmgrad *s, size_t o, size_t n) {
   }
 }
 
-/* The next bucket for this rank's engine (-1: none ready everywhere). */
+/* The next bucket for this rank (-1: none ready everywhere). */
 static int candidate(dg__shmgrad *s) {
   for (int k = s->nb - 1; k >= 0; k--) {
-    if (is_gen(&done_of(s, s->rank)[k], s->gen)) continue;
+    if (__atomic_load_n(&s->claimed[k], __ATOMIC_ACQUIRE) == s->gen) continue;
     int p = 0;
     while (p < s->W && is_gen(&ready_of(s, p)[k], s->gen)) p++;
     if (p == s->W) return k;
   }
   return -1;
+}
+
+int dg__shmgrad_progress(dg__shmgrad *s) {
+  int n = 0;
+  for (int k; (k = candidate(s)) >= 0;) {
+    uint32_t old = __atomic_load_n(&s->claimed[k], __ATOMIC_ACQUIRE);
+    if (old == s->gen || !__atomic_compare_exchange_n(&s->claimed[k], &old, s->gen, 0,
+                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      continue; /* the other thread took it */
+    size_t q = s->cnt[k] / (size_t)s->W, rm = s->cnt[k] % (size_t)s->W;
+    size_t bo = (size_t)s->rank * q + DG_MIN((size_t)s->rank, rm);
+    grad_block(s, s->off[k] + bo, q + ((size_t)s->rank < rm));
+    __atomic_store_n(&done_of(s, s->rank)[k], s->gen, __ATOMIC_SEQ_CST);
+    ring(s);
+    n++;
+  }
+  return n;
 }
 
 static int mine_all_done(dg__shmgrad *s) {
@@ -509,13 +619,9 @@ static int mine_all_done(dg__shmgrad *s) {
 typedef struct {
   dg__shmgrad *s;
   int want;           /* bucket, or -1: this rank's blocks of every bucket */
-  uint32_t bell;      /* the bell when the engine last looked */
+  uint32_t bell;      /* the bell when the waiter last looked */
   const dg_work *eng; /* a waiter's engine (its failure ends the wait) */
 } grad_wait;
-
-static int want_met(dg__shmgrad *s, int want) {
-  return want >= 0 ? dg__shmgrad_complete(s, want) : mine_all_done(s);
-}
 
 static int bell_moved(void *a) {
   grad_wait *w = a;
@@ -525,11 +631,6 @@ static int bell_moved(void *a) {
 static int engine_failed(const dg_work *eng) {
   int st = eng ? __atomic_load_n(&eng->status, __ATOMIC_ACQUIRE) : DG_OK;
   return st != DG_XOP_PENDING && st != DG_OK;
-}
-
-static int waiter_ok(void *a) {
-  grad_wait *w = a;
-  return dg__shmgrad_complete(w->s, w->want) || engine_failed(w->eng);
 }
 
 /* The first rank holding up `want` (or this rank's engine). */
@@ -545,29 +646,35 @@ static int laggard(void *a) {
   return -1;
 }
 
-int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, int want) {
-  grad_wait w = {s, want, 0, NULL};
+static void sleep_until(int64_t t) {
+  for (int64_t now; (now = dg__now_ns()) < t;) {
+    struct timespec ts = {(t - now) / 1000000000, (t - now) % 1000000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* One wait of a loop that makes progress: until a simulated transfer ends,
+ * or for the bell. */
+static int wait_step(dg_pg *pg, grad_wait *w, int64_t deadline, int *dead) {
+  int64_t now = dg__now_ns();
+  int64_t t = w->want >= 0 ? pending_until(w->s, w->want, now) : INT64_MAX;
+  if (t != INT64_MAX) { /* no message can make it complete sooner */
+    sleep_until(t);
+    return DG_OK;
+  }
+  return shm_wait(pg, &w->s->hdr->bell, &w->s->hdr->sleepers, bell_moved, laggard, w,
+                  deadline, dead);
+}
+
+int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s) {
+  grad_wait w = {s, -1, 0, NULL};
   for (;;) {
     w.bell = __atomic_load_n(&s->hdr->bell, __ATOMIC_SEQ_CST);
-    if (want_met(s, want)) return DG_OK;
-    int k = candidate(s);
-    if (k >= 0) {
-      int64_t t0 = dg__now_ns();
-      size_t q = s->cnt[k] / (size_t)s->W, rm = s->cnt[k] % (size_t)s->W;
-      size_t bo = (size_t)s->rank * q + DG_MIN((size_t)s->rank, rm);
-      grad_block(s, s->off[k] + bo, q + ((size_t)s->rank < rm));
-      sim_link(c->pg, t0, s->cnt[k] * sizeof(float));
-      __atomic_store_n(&done_of(s, s->rank)[k], s->gen, __ATOMIC_SEQ_CST);
-      ring(s);
-      continue;
-    }
-    int dead = -1;
-    int rc = shm_wait(c->pg, &s->hdr->bell, &s->hdr->sleepers, bell_moved, laggard, &w,
-                      c->deadline, &dead);
+    dg__shmgrad_progress(s);
+    if (mine_all_done(s)) return DG_OK;
+    int dead = -1, rc = wait_step(c->pg, &w, c->deadline, &dead);
     if (rc != DG_OK)
-      return wait_fail(c, rc, DG_MAX(laggard(&w), 0), dead,
-                       want >= 0 ? "average its block of a gradient bucket"
-                                 : "finish its gradients",
+      return wait_fail(c, rc, DG_MAX(laggard(&w), 0), dead, "finish its gradients",
                        "DDP shared-memory gradients");
   }
 }
@@ -575,13 +682,21 @@ int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, int want) {
 int dg__shmgrad_wait(dg_pg *pg, dg__shmgrad *s, int k, const dg_work *eng, char *err,
                      size_t cap) {
   grad_wait w = {s, k, 0, eng};
-  int dead = -1;
-  int rc = shm_wait(pg, &s->hdr->bell, &s->hdr->sleepers, waiter_ok, laggard, &w,
-                    dg__deadline(0, pg->timeout_ms), &dead);
-  if (rc == DG_OK && dg__shmgrad_complete(s, k)) return DG_OK;
-  if (rc == DG_OK) { /* the engine failed */
-    snprintf(err, cap, "%s", eng->err);
-    return __atomic_load_n(&eng->status, __ATOMIC_ACQUIRE);
+  int64_t deadline = dg__deadline(0, pg->timeout_ms);
+  int dead = -1, rc = DG_OK;
+  for (;;) {
+    w.bell = __atomic_load_n(&s->hdr->bell, __ATOMIC_SEQ_CST);
+    dg__shmgrad_progress(s);
+    if (dg__shmgrad_complete(s, k)) return DG_OK;
+    if (engine_failed(eng)) {
+      snprintf(err, cap, "%s", eng->err);
+      return __atomic_load_n(&eng->status, __ATOMIC_ACQUIRE);
+    }
+    if ((rc = wait_step(pg, &w, deadline, &dead)) != DG_OK) break;
+    if (dg__now_ms() >= deadline) {
+      rc = DG_ETIMEDOUT;
+      break;
+    }
   }
   int p = laggard(&w);
   if (rc == DG_EPEER && dead >= 0)

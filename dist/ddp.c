@@ -77,7 +77,7 @@ static void begin_round(dg_ddp *d, int32_t have) {
   d->accum_div = 1;
   if (d->shmg) { /* the count rides in the segment */
     dg__shmgrad_begin(d->shmg, have);
-    int rc = d->shm_inline ? DG_OK : dg__pg_shmgrad_post(d->pg, d->shmg, -1, 0, &d->engine);
+    int rc = d->shm_inline ? DG_OK : dg__pg_shmgrad_post(d->pg, d->shmg, &d->engine);
     if (rc) dg__ddp_fail(d, rc, "ddp: rank %d: posting the gradient averaging failed: %s",
                          d->rank, dg_pg_errmsg(d->pg));
   } else if (!d->opts.no_join && !d->piggy) {
@@ -130,7 +130,10 @@ static void on_ready(void *user, dg_params *ps, int i, int reached) {
   if (!d->order_done && d->norder < d->nparams) d->order[d->norder++] = i;
   if (!d->syncing || d->opts.no_overlap || d->err || d->world == 1) return;
   int k = d->pbucket[i];
-  if (k < 0 || --d->b[k].pending > 0) return;
+  if (k < 0 || --d->b[k].pending > 0) {
+    if (d->shmg) dg__shmgrad_progress(d->shmg); /* a look between buckets */
+    return;
+  }
   while (d->next_start < d->nb && d->b[d->next_start].pending <= 0)
     dg__ddp_start_bucket(d, d->next_start++);
 }

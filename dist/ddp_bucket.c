@@ -136,8 +136,9 @@ void dg__ddp_start_bucket(dg_ddp *d, int k) {
   b->work = NULL;
   d->st.bytes_reduced += (double)v.n * sizeof(float);
   b->started = 1;
-  if (d->shmg) { /* the engines take it from here */
+  if (d->shmg) { /* average what is ready everywhere (cooperative) */
     dg__shmgrad_ready(d->shmg, k);
+    dg__shmgrad_progress(d->shmg);
     return;
   }
   int rc = d->hook.start(d->hook.state, d->pg, &v, &b->work);
@@ -158,20 +159,11 @@ static float round_scale(const dg_ddp *d) {
 }
 
 /* Shared segment: waits until every rank averaged its block of bucket k
- * (running the engine here when there is no spare core), then scales. */
+ * (doing this rank's blocks meanwhile), then scales. */
 static int shm_finish(dg_ddp *d, int k) {
   char err[400];
   err[0] = '\0';
-  int rc;
-  if (d->shm_inline) {
-    dg_work *w = NULL;
-    rc = dg__pg_shmgrad_post(d->pg, d->shmg, k, 1, &w);
-    if (!rc) rc = dg_work_wait(w, 0);
-    if (rc && w) snprintf(err, sizeof err, "%s", dg_work_errmsg(w));
-    dg_work_free(w);
-  } else {
-    rc = dg__shmgrad_wait(d->pg, d->shmg, k, d->engine, err, sizeof err);
-  }
+  int rc = dg__shmgrad_wait(d->pg, d->shmg, k, d->engine, err, sizeof err);
   if (rc)
     return dg__ddp_fail(d, rc, "ddp: rank %d: step %lld: averaging bucket %d (%d params, %zu "
                         "floats) failed: %s", d->rank, (long long)d->st.sync_steps, k,

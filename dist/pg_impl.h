@@ -34,7 +34,7 @@ struct dg_work {
   uint64_t seq;  /* per group, every operation */
   uint32_t tag;  /* collectives: ProcessGroupGloo's collectiveCounter_ */
   void *buf;
-  void *seg;  /* DG_W_SHMGRAD: the segment (`root`: the bucket wanted) */
+  void *seg;  /* DG_W_SHMGRAD: the segment */
   int caller_runs; /* run by the thread that waits for it, never the worker */
   const void *in;
   void *out;
@@ -162,13 +162,15 @@ void dg__shmgrad_ready(dg__shmgrad *s, int k);
 int dg__shmgrad_complete(dg__shmgrad *s, int k);
 /* The step's count summed over ranks (valid once any bucket is complete). */
 int32_t dg__shmgrad_count(dg__shmgrad *s);
-/* Queues an engine on pg: averages this rank's blocks until bucket `want`
- * is complete (want >= 0) or this rank has done every bucket (-1). With
- * `caller_runs` it runs in dg_work_wait's caller, not the worker. */
-int dg__pg_shmgrad_post(dg_pg *pg, dg__shmgrad *s, int want, int caller_runs, dg_work **w);
-int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s, int want);
-/* Waits (no engine of its own) until bucket k is complete, or until the
- * engine `eng` (may be NULL) fails; a failure's message goes to err. */
+/* Averages this rank's blocks of the buckets ready everywhere, as far as the
+ * (simulated) link allows, without waiting; returns how many. */
+int dg__shmgrad_progress(dg__shmgrad *s);
+/* Queues an engine on pg (the group's worker): progress until this rank has
+ * done every bucket. */
+int dg__pg_shmgrad_post(dg_pg *pg, dg__shmgrad *s, dg_work **w);
+int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s);
+/* Makes progress until bucket k is complete, or until the engine `eng`
+ * (may be NULL) fails; a failure's message goes to err. */
 int dg__shmgrad_wait(dg_pg *pg, dg__shmgrad *s, int k, const dg_work *eng, char *err,
                      size_t cap);
 int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_dtype dt,

@@ -154,7 +154,7 @@ static int run_work(dg_pg *pg, dg_work *w) {
       c.slot = slot_of(DG_SLOT_BARRIER, w->tag);
       return dg__gloo_barrier(&c);
     }
-    case DG_W_SHMGRAD: return c.size == 1 ? DG_OK : dg__shmgrad_run(&c, w->seg, w->root);
+    case DG_W_SHMGRAD: return c.size == 1 ? DG_OK : dg__shmgrad_run(&c, w->seg);
     default: DG_ASSERT(!"not a collective");
   }
   return DG_EINVAL;
@@ -261,13 +261,11 @@ int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op
   return enqueue(pg, k, w);
 }
 
-int dg__pg_shmgrad_post(dg_pg *pg, dg__shmgrad *s, int want, int caller_runs, dg_work **w) {
+int dg__pg_shmgrad_post(dg_pg *pg, dg__shmgrad *s, dg_work **w) {
   *w = NULL;
   dg_work *k = new_work(pg, DG_W_SHMGRAD, DG_F32);
   if (!k) return DG_ENOMEM;
   k->seg = s;
-  k->caller_runs = caller_runs;
-  k->root = want;
   k->op = DG_RED_AVG;
   return enqueue(pg, k, w);
 }

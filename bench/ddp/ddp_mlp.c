@@ -4,8 +4,13 @@
  *
  *   ddp_mlp [--nproc W] [--ddp 0|1] [--batch B] [--threads T] [--steps S]
  *           [--warmup N] [--bucket-mib X] [--first-mib X] [--comm f32|fp16|bf16]
- *           [--no-overlap] [--no-join] [--layers 784,512,256,10]
+ *           [--no-overlap] [--overlap-fwd] [--no-join] [--layers 784,512,256,10]
  *           [--parts] [--ring] [--label TEXT]
+ *
+ * The update is SGD (lr 0.01) through dg_optim, then dg_params_zero_grad.
+ * --overlap-fwd hands it to DDP (dg_ddp_overlap_optimizer): each bucket's
+ * update lands when the next forward reads it, so the all-reduce overlaps
+ * the next forward as well as backward.
  *
  * --ring forces Gloo's ring over the TCP sockets (no shared-memory path
  * between local ranks), so that a slowed loopback slows the all-reduce.
@@ -15,7 +20,8 @@
  * with no DDP on a separate context), forward alone, and communication alone
  * (the bucket all-reduces of the gradient buffer, posted back to back,
  * waited together); step_over_fwd_plus_max compares the step with the best
- * DDP-style overlap allows: forward + max(rest of compute, communication).
+ * an overlap with backward alone allows: forward + max(rest of compute,
+ * communication); step_over_max with the best of any overlap.
  *
  * Prints one JSON line from rank 0 with samples/s over all ranks, step time,
  * and DDP's time waiting at backward end (median over ranks is not taken:
@@ -32,10 +38,10 @@
 #include <dgrad.h>
 #include <dgrad/dist.h>
 
-#define MAXL 8
+#define MAXL 32
 
 typedef struct {
-  int nproc, ddp, threads, no_overlap, no_join, parts, nl, ring;
+  int nproc, ddp, threads, no_overlap, overlap_fwd, no_join, parts, nl, ring;
   long batch, steps, warmup;
   double bucket_mib, first_mib;
   const char *comm, *label;
@@ -76,7 +82,7 @@ static double g_bwd_s; /* time inside dg_backward, summed over steps */
 /* Forward + backward + SGD (forward and loss only when `fwd_only`);
  * returns the loss or NAN. */
 static float step(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_ddp *ddp,
-                  int fwd_only) {
+                  dg_optim *opt, int fwd_only) {
   int64_t B = o->batch, xs[2] = {B, o->dims[0]};
   dg_tensor *h = dg_wrap(ctx, DG_F32, 2, xs, x);
   for (int l = 0; l < o->nl; l++) {
@@ -97,12 +103,9 @@ static float step(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_
     return NAN;
   }
   float lv = dg_tensor_item(loss);
-  if (!ddp || dg_ddp_step_ready(ddp)) {
-    size_t n = 0;
-    float *p = dg_params_data(m->ps, &n);
-    float *g = dg_params_grad(m->ps, &n);
-    for (size_t i = 0; i < n; i++) p[i] -= 0.01f * g[i];
-    memset(g, 0, n * sizeof *g);
+  if (!ddp || dg_ddp_step_ready(ddp)) { /* 0 when DDP owns the step */
+    dg_optim_step(opt);
+    dg_params_zero_grad(m->ps);
   }
   dg_ctx_reset(ctx);
   return lv;
@@ -110,13 +113,13 @@ static float step(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_
 
 /* Seconds per step of `steps` steps after `warmup`. */
 static double time_steps(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_ddp *ddp,
-                         float *loss, int fwd_only) {
+                         dg_optim *opt, float *loss, int fwd_only) {
   for (long s = 0; s < o->warmup; s++)
-    if (isnan(*loss = step(ctx, m, o, x, y, ddp, fwd_only))) return -1;
+    if (isnan(*loss = step(ctx, m, o, x, y, ddp, opt, fwd_only))) return -1;
   g_bwd_s = 0;
   double t0 = now_s();
   for (long s = 0; s < o->steps; s++)
-    if (isnan(*loss = step(ctx, m, o, x, y, ddp, fwd_only))) return -1;
+    if (isnan(*loss = step(ctx, m, o, x, y, ddp, opt, fwd_only))) return -1;
   return (now_s() - t0) / (double)o->steps;
 }
 
@@ -184,10 +187,10 @@ static void print_json(const bopts *o, double step_s, const dg_ddp_stats *st, co
   double comp_s = pt[0], fwd_s = pt[1], comm_s = pt[2], bwd_s = pt[3], bwd_ddp_s = pt[4];
   printf("{\"impl\":\"dgrad\",\"bench\":\"ddp_mlp\",\"label\":\"%s\",\"nproc\":%d,\"ddp\":%d,"
          "\"batch\":%ld,\"threads\":%d,\"steps\":%ld,\"bucket_mib\":%g,\"first_mib\":%g,"
-         "\"comm\":\"%s\",\"overlap\":%d,\"join\":%d,\"nbuckets\":%d,\"step_ms\":%.4f,"
+         "\"comm\":\"%s\",\"overlap\":%d,\"overlap_fwd\":%d,\"join\":%d,\"nbuckets\":%d,\"step_ms\":%.4f,"
          "\"samples_per_s\":%.1f,\"wait_ms\":%.4f",
          o->label, o->nproc, o->ddp, o->batch, o->threads, o->steps, o->bucket_mib, o->first_mib,
-         o->comm, !o->no_overlap, !o->no_join, st->nbuckets, step_s * 1e3,
+         o->comm, !o->no_overlap, o->overlap_fwd, !o->no_join, st->nbuckets, step_s * 1e3,
          (double)o->nproc * (double)o->batch / step_s,
          st->sync_steps ? st->wait_s / (double)st->sync_steps * 1e3 : 0.0);
   /* DDP overlaps communication with backward only: the best a step can do
@@ -210,10 +213,15 @@ static int rank_main(int r, const bopts *o, const char *dir) {
   dg_pg *pg = NULL;
   dg_ctx *ctx = NULL, *ctx2 = NULL;
   dg_ddp *ddp = NULL;
+  dg_optim *opt = NULL, *opt2 = NULL; /* opt2: the compute-alone runs */
   mlp m;
   memset(&m, 0, sizeof m);
   if (o->ddp && make_pg(r, o, dir, &st, &pg)) return 10;
-  if (mlp_init(&m, o) || dg_ctx_new(&ctx, NULL) || dg_ctx_new(&ctx2, NULL)) return 11;
+  dg_sgd_opts so = dg_sgd_defaults();
+  so.lr = 0.01f;
+  if (mlp_init(&m, o) || dg_ctx_new(&ctx, NULL) || dg_ctx_new(&ctx2, NULL) ||
+      dg_optim_sgd_new(&opt, m.ps, &so) || dg_optim_sgd_new(&opt2, m.ps, &so))
+    return 11;
   size_t nx = (size_t)o->batch * (size_t)o->dims[0];
   float *x = malloc(nx * sizeof *x);
   int64_t *y = malloc((size_t)o->batch * sizeof *y);
@@ -231,9 +239,10 @@ static int rank_main(int r, const bopts *o, const char *dir) {
       fprintf(stderr, "ddp_mlp: rank %d: %s\n", r, dg_errmsg(ctx));
       return 12;
     }
+    if (o->overlap_fwd && dg_ddp_overlap_optimizer(ddp, opt)) return 12;
   }
   float loss = 0;
-  double step_s = time_steps(ctx, &m, o, x, y, ddp, &loss, 0), comp_s = 0, comm_s = 0, fwd_s = 0;
+  double step_s = time_steps(ctx, &m, o, x, y, ddp, opt, &loss, 0), comp_s = 0, comm_s = 0, fwd_s = 0;
   double bwd_ddp_s = g_bwd_s / (double)o->steps, bwd_s = 0;
   if (step_s < 0) return 13;
   dg_ddp_stats sts;
@@ -248,20 +257,22 @@ static int rank_main(int r, const bopts *o, const char *dir) {
     dg_ddp_get_stats(ddp, &a);
     bopts o2 = *o;
     o2.warmup = 0;
-    step_s = 0.5 * (step_s + time_steps(ctx, &m, &o2, x, y, ddp, &loss, 0));
+    step_s = 0.5 * (step_s + time_steps(ctx, &m, &o2, x, y, ddp, opt, &loss, 0));
     dg_ddp_get_stats(ddp, &b);
     sts.wait_s = b.wait_s - a.wait_s;
     sts.sync_steps = b.sync_steps - a.sync_steps;
   }
   if (o->parts && ddp) {
     float fl = 0;
-    comp_s = time_steps(ctx2, &m, o, x, y, NULL, &fl, 0);
+    comp_s = time_steps(ctx2, &m, o, x, y, NULL, opt2, &fl, 0);
     bwd_s = g_bwd_s / (double)o->steps;
-    fwd_s = time_steps(ctx2, &m, o, x, y, NULL, &fl, 1);
+    fwd_s = time_steps(ctx2, &m, o, x, y, NULL, opt2, &fl, 1);
     comm_s = time_comm(pg, ddp, &m, o);
   }
   if (r == 0) print_json(o, step_s, &sts, (double[]){comp_s, fwd_s, comm_s, bwd_s, bwd_ddp_s}, loss);
   dg_ddp_free(ddp);
+  dg_optim_free(opt);
+  dg_optim_free(opt2);
   if (pg) leave(st, pg, o->nproc);
   dg_ctx_free(ctx);
   dg_ctx_free(ctx2);
@@ -289,6 +300,7 @@ static int parse(bopts *o, int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--no-overlap")) o->no_overlap = 1;
+    else if (!strcmp(a, "--overlap-fwd")) o->overlap_fwd = 1;
     else if (!strcmp(a, "--no-join")) o->no_join = 1;
     else if (!strcmp(a, "--parts")) o->parts = 1;
     else if (!strcmp(a, "--ring")) o->ring = 1; /* sockets even between local ranks */
@@ -319,7 +331,7 @@ int main(int argc, char **argv) {
   if (parse(&o, argc, argv)) {
     fprintf(stderr, "usage: %s [--nproc W] [--ddp 0|1] [--batch B] [--threads T] [--steps S] "
             "[--warmup N] [--bucket-mib X] [--first-mib X] [--comm f32|fp16|bf16] "
-            "[--no-overlap] [--no-join] [--parts] [--layers a,b,..] [--label L]\n", argv[0]);
+            "[--no-overlap] [--overlap-fwd] [--no-join] [--parts] [--layers a,b,..] [--label L]\n", argv[0]);
     return 2;
   }
   char dir[64] = "/tmp/dg_ddp_bench_XXXXXX";

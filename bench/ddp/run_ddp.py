@@ -14,12 +14,17 @@ scaling: per round, dgrad 1 rank without DDP, dgrad DDP on 1 rank, dgrad DDP
          (2 * samples/s(1 rank, no DDP)), same implementation.
 sweep:   dgrad DDP on 2 ranks with bucket caps 1, 2, 5, 10, 25, 50, 100 MiB
          (first bucket min(1 MiB, cap)).
-overlap: DDP on 2 ranks with and without overlap, plus compute, forward,
-         backward and communication alone (--parts), for the MLP and a deeper
-         MLP whose gradients become ready layer by layer, over a slow link:
-         --link sim (default): the shared-memory path paced inside the
-         transport at R (DG_SIM_LINK_GBIT; the wait sleeps, as a NIC's DMA
-         costs no CPU); --link tc: Gloo's ring over loopback slowed by
+overlap: DDP on 2 ranks overlapping the all-reduce with backward and the
+         next forward (overlap_fwd: dg_ddp_overlap_optimizer), with backward
+         only (overlap), and without overlap, plus compute, forward, backward
+         and communication alone (--parts), for the MLP, a deeper MLP
+         (784-1024x5-10) and a deep narrow one (784-512x16-10) whose
+         gradients become ready layer by layer, over a slow link:
+         --link sim (default): the shared-memory path with a simulated link
+         of rate R (DG_SIM_LINK_GBIT): a NIC with DMA and a priority queue,
+         whose transfers cost no CPU and need no thread to wake up (see
+         dist/coll_shm.c; comm alone sleeps for the same bytes / R);
+         --link tc: Gloo's ring over loopback slowed by
          `tc qdisc ... tbf rate R` in a private network namespace (unshare -n;
          needs root) -- there the kernel's copies cost as much CPU as the
          transfer takes, and this 2-core machine has no core to spare.
@@ -106,10 +111,13 @@ def netns(rate, cmd):
 
 
 def overlap(a, exe):
-    models = [("mlp", "784,512,256,10", "1"), ("deep", "784,1024,1024,1024,1024,1024,10", "1")]
-    for name, layers, cap in models:
-        rate = a.rate_mlp if name == "mlp" else a.rate_deep
-        res = {"overlap": [], "no_overlap": []}
+    models = [("mlp", "784,512,256,10", "1", a.rate_mlp),
+              ("deep", "784,1024,1024,1024,1024,1024,10", "1", a.rate_deep),
+              ("deep16", "784," + "512," * 16 + "10", "1", a.rate_deep16)]
+    for name, layers, cap, rate in models:
+        if a.models and name not in a.models.split(","):
+            continue
+        res = {"overlap_fwd": [], "overlap": [], "no_overlap": []}
         for _ in range(a.runs):
             for k in res:
                 c = [exe, "--nproc", "2", "--steps", str(a.steps // 2), "--layers", layers,
@@ -117,22 +125,26 @@ def overlap(a, exe):
                      "%s@%s/%s" % (name, rate, a.link)]
                 if k == "no_overlap":
                     c.append("--no-overlap")
+                if k == "overlap_fwd":
+                    c.append("--overlap-fwd")
                 if a.link == "tc":
                     res[k].append(run(netns(rate, c + ["--ring"])))
-                else:  # the shared-memory path, paced in the transport; the
-                    # group's thread averages during backward (as with a spare core)
+                else:  # the shared-memory path with a simulated link
                     gbit = rate[:-4] if rate.endswith("gbit") else rate
-                    res[k].append(run(c, {"DG_SIM_LINK_GBIT": gbit, "DG_DDP_SHM_INLINE": "0"}))
-        o, n = res["overlap"], res["no_overlap"]
+                    res[k].append(run(c, {"DG_SIM_LINK_GBIT": gbit}))
+        f, o, n = res["overlap_fwd"], res["overlap"], res["no_overlap"]
         summary({"part": "overlap", "model": name, "layers": layers, "rate": rate,
-                 "runs": a.runs, "compute_ms": med(o + n, "compute_ms"),
-                 "comm_ms": med(o + n, "comm_ms"),
+                 "runs": a.runs, "compute_ms": med(f + o + n, "compute_ms"),
+                 "comm_ms": med(f + o + n, "comm_ms"),
+                 "step_ms_overlap_fwd": med(f, "step_ms"),
+                 "overlap_fwd_step_over_max": med(f, "step_over_max"),
+                 "wait_ms_overlap_fwd": med(f, "wait_ms"),
                  "step_ms_overlap": med(o, "step_ms"), "step_ms_no_overlap": med(n, "step_ms"),
                  "wait_ms_overlap": med(o, "wait_ms"), "wait_ms_no_overlap": med(n, "wait_ms"),
-                 "forward_ms": med(o + n, "forward_ms"),
+                 "forward_ms": med(f + o + n, "forward_ms"),
                  "overlap_step_over_max": med(o, "step_over_max"),
                  "overlap_step_over_fwd_plus_max": med(o, "step_over_fwd_plus_max"),
-                 "link": a.link, "backward_ms": med(o + n, "backward_ms"),
+                 "link": a.link, "backward_ms": med(f + o + n, "backward_ms"),
                  "backward_ddp_ms_overlap": med(o, "backward_ddp_ms"),
                  "backward_ddp_ms_no_overlap": med(n, "backward_ddp_ms"),
                  "overlap_backward_ddp_over_max": med(o, "backward_ddp_over_max"),
@@ -145,8 +157,10 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--part", default="all")
-    ap.add_argument("--rate-mlp", default="3gbit")
-    ap.add_argument("--rate-deep", default="3gbit")
+    ap.add_argument("--rate-mlp", default="11gbit")
+    ap.add_argument("--rate-deep", default="6.5gbit")
+    ap.add_argument("--rate-deep16", default="6.5gbit")
+    ap.add_argument("--models", default="", help="overlap: comma-separated subset")
     ap.add_argument("--link", default="sim", choices=["sim", "tc"])
     a = ap.parse_args()
     exe = os.path.join(ROOT, a.build_dir, "bench", "ddp", "ddp_mlp")
