@@ -94,7 +94,20 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
   else CHECK_EQ_INT(sts.nbuckets, 1);
   /* every update after the first (which precedes the rebuild) is deferred */
   CHECK_EQ_INT(sts.overlapped_steps, c->fwd && W > 1 ? STEPS - 1 : 0);
+  /* the last update is still pending: raw reads must see it applied (what
+   * dg_ddp_free applies later must already be there) */
+  size_t n = 0;
+  float *seen = NULL;
+  if (c->fwd) {
+    const float *w = dg_tensor_data(m->w1); /* reads wait for the update */
+    n = (size_t)dg_tensor_numel(m->w1);
+    seen = malloc(n * sizeof *seen);
+    memcpy(seen, w, n * sizeof *seen);
+    CHECK_OK(dg_ddp_flush(ddp));
+  }
   dg_ddp_free(ddp);
+  if (seen) CHECK(memcmp(seen, dg_tensor_data(m->w1), n * sizeof *seen) == 0);
+  free(seen);
   dg_optim_free(opt);
   dg_ctx_free(ctx);
   du_leave(st, pg, W);
