@@ -57,7 +57,8 @@ struct dg_ddp {
    * lives in one shared segment and buckets are averaged in place there */
   struct dg__shmgrad *shmg;
   float *shm_mine;    /* this rank's buffer in it (the store's gradients) */
-  int shm_inline;     /* no spare core: averaged by the thread that needs it */
+  int shm_inline;     /* no spare core: no engine in the worker (backward's
+                         thread and waiters average the buckets) */
   dg_work *engine;    /* spare core: this round's averaging in the group's worker */
   /* overlap with the next forward (dg_ddp_overlap_optimizer): the step is
    * applied bucket by bucket when a parameter is first read */

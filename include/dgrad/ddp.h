@@ -94,9 +94,12 @@
  * and reports a failure (a dead peer then fails the op that reads a
  * parameter, naming the rank). dg_ddp_free and dg_ddp_join apply it too.
  *
- * Threads. A dg_ddp is used by the thread that runs backward on its ctx; its
- * all-reduces run in the group's worker thread. Do not post other
- * collectives on the same group from another thread during a backward. */
+ * Threads. A dg_ddp is used by the thread that runs backward on its ctx (in
+ * overlap mode also by the next forward's); its all-reduces run in the
+ * group's worker thread, and, between ranks on one host, in that thread too
+ * (at grad-ready hooks and while it waits for a bucket). Do not post other
+ * collectives on the same group from another thread during a backward, or
+ * while an update is pending. */
 #ifndef DGRAD_DDP_H
 #define DGRAD_DDP_H
 
