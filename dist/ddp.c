@@ -239,6 +239,8 @@ static int setup(dg_ddp *d) {
   for (int i = 0; i < d->nparams; i++) d->ntrain += dg_params_trainable(d->ps, i) != 0;
   if (d->ntrain == 0)
     return dg__ddp_fail(d, DG_EINVAL, "ddp_new: the store has no trainable parameter");
+  if (d->ps->gate)
+    return dg__ddp_fail(d, DG_ESTATE, "ddp_new: another DDP wraps this parameter store");
   if (d->opts.accum_steps < 0 || d->opts.nbuffers < 0 || (d->opts.nbuffers && !d->opts.buffers))
     return dg__ddp_fail(d, DG_EINVAL, "ddp_new: invalid options (accum_steps %d, nbuffers %d)",
                         d->opts.accum_steps, d->opts.nbuffers);
@@ -261,7 +263,6 @@ static int setup(dg_ddp *d) {
   d->end_id = d->ready_id > 0 ? dg_ctx_add_backward_end_hook(d->ctx, on_end, d) : d->ready_id;
   if (d->end_id > 0) rc = dg_ctx_attach_params(d->ctx, d->ps);
   else rc = d->end_id;
-  if (!rc && d->ps->gate) rc = DG_ESTATE; /* another DDP holds this store */
   if (!rc) dg__params_set_gate(d->ps, dg__ddp_gate, d);
   if (rc) return dg__ddp_fail(d, rc, "ddp_new: installing the autograd hooks failed (%s)",
                               dg_strerror(rc));
@@ -296,8 +297,10 @@ void dg_ddp_free(dg_ddp *d) {
   if (!d) return;
   if (d->pending && dg__ddp_land_all(d))
     DG_LOGE("ddp_free: rank %d: the last update was not applied: %s", d->rank, d->errmsg);
-  if (d->ps->gate_user == d) dg__params_set_gate(d->ps, NULL, NULL);
-  for (int i = 0; i < d->nparams; i++) dg_params_get(d->ps, i)->flags &= ~(uint32_t)DG_TF_GATED;
+  if (d->ps->gate_user == d) { /* (a DDP refused for this store installed none) */
+    dg__params_set_gate(d->ps, NULL, NULL);
+    for (int i = 0; i < d->nparams; i++) dg_params_get(d->ps, i)->flags &= ~(uint32_t)DG_TF_GATED;
+  }
   if (d->opt) d->opt->ddp_owned = 0;
   if (d->ready_id > 0) dg_ctx_remove_hook(d->ctx, d->ready_id);
   if (d->end_id > 0) dg_ctx_remove_hook(d->ctx, d->end_id);

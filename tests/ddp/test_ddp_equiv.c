@@ -59,6 +59,13 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
     fprintf(stderr, "rank %d: ddp_new: %s\n", r, dg_errmsg(ctx));
     return 5;
   }
+  if (W == 1) { /* one DDP per store: a second is refused and disturbs nothing */
+    dg_ddp *again = NULL;
+    CHECK_EQ_INT(dg_ddp_new(&again, ctx, m->ps, pg, &o), DG_ESTATE);
+    CHECK_STR_HAS(dg_errmsg(ctx), "another DDP");
+    CHECK(again == NULL);
+    dg_clear_error(ctx);
+  }
   const float base = dg_optim_get_lr(opt);
   if (c->fwd) {
     CHECK_OK(dg_ddp_overlap_optimizer(ddp, opt));
