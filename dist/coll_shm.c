@@ -517,7 +517,7 @@ static void advance(dg__shmgrad *s, int64_t now) {
   if (s->link_ns_per_byte <= 0 || __atomic_exchange_n(&s->sched_lock, 1, __ATOMIC_ACQUIRE))
     return;
   for (;;) {
-    int64_t t = s->link_free, first = INT64_MAX;
+    int64_t t = __atomic_load_n(&s->link_free, __ATOMIC_RELAXED), first = INT64_MAX;
     int best = -1;
     for (int k = s->nb - 1; k >= 0; k--) {
       int64_t a;
@@ -536,7 +536,7 @@ static void advance(dg__shmgrad *s, int64_t now) {
                                 2.0 * (s->W - 1) / s->W); /* as a ring would */
     s->sched_end[best] = end;
     __atomic_store_n(&s->sched_gen[best], s->gen, __ATOMIC_RELEASE);
-    s->link_free = end;
+    __atomic_store_n(&s->link_free, end, __ATOMIC_RELAXED);
   }
   __atomic_store_n(&s->sched_lock, 0, __ATOMIC_RELEASE);
 }
@@ -548,7 +548,8 @@ static int64_t pending_until(dg__shmgrad *s, int k, int64_t now) {
   if (s->link_ns_per_byte <= 0) return 0;
   advance(s, now);
   if (scheduled(s, k)) return now >= s->sched_end[k] ? 0 : s->sched_end[k];
-  return s->link_free > now ? s->link_free : INT64_MAX;
+  int64_t f = __atomic_load_n(&s->link_free, __ATOMIC_RELAXED);
+  return f > now ? f : INT64_MAX;
 }
 
 int dg__shmgrad_complete(dg__shmgrad *s, int k) { return pending_until(s, k, dg__now_ns()) == 0; }
