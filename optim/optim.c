@@ -157,6 +157,7 @@ int dg_optim_state_count(const dg_optim *o) { return o ? o->nstate : 0; }
 
 int dg_optim_state_get(dg_optim *o, int k, const char **name, float **buf, size_t *n) {
   if (!o || k < 0 || k >= o->nstate) return DG_EINVAL;
+  (void)dg__params_flush(o->ps, DG__GATE_ALL); /* a pending DDP update moves it */
   if (name) *name = o->state_name[k];
   if (buf) *buf = o->state[k];
   if (n) *n = o->n;

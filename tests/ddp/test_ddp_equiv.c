@@ -103,9 +103,14 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
   CHECK_EQ_INT(sts.overlapped_steps, c->fwd && W > 1 ? STEPS - 1 : 0);
   /* the last update is still pending: raw reads must see it applied (what
    * dg_ddp_free applies later must already be there) */
-  size_t n = 0;
-  float *seen = NULL;
+  size_t n = 0, ns = 0;
+  float *seen = NULL, *state = NULL, *st0 = NULL;
   if (c->fwd) {
+    if (dg_optim_state_count(opt) > 0) { /* what a checkpoint reads first */
+      CHECK_OK(dg_optim_state_get(opt, 0, NULL, &st0, &ns));
+      state = malloc(ns * sizeof *state);
+      memcpy(state, st0, ns * sizeof *state);
+    }
     const float *w = dg_tensor_data(m->w1); /* reads wait for the update */
     n = (size_t)dg_tensor_numel(m->w1);
     seen = malloc(n * sizeof *seen);
@@ -114,7 +119,9 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
   }
   dg_ddp_free(ddp);
   if (seen) CHECK(memcmp(seen, dg_tensor_data(m->w1), n * sizeof *seen) == 0);
+  if (state) CHECK(memcmp(state, st0, ns * sizeof *state) == 0);
   free(seen);
+  free(state);
   dg_optim_free(opt);
   dg_ctx_free(ctx);
   du_leave(st, pg, W);
