@@ -89,8 +89,8 @@
  * next backward. Set a learning-rate schedule before backward as usual: the
  * update uses the rate in force when backward ended. Global-norm clipping
  * cannot run in this mode (it needs every gradient before any update).
- * Raw access (dg_params_data, dg_params_grad, dg_tensor_data, a checkpoint)
- * waits for the pending update first; dg_ddp_flush applies it explicitly
+ * Raw access (dg_params_data, dg_params_grad, dg_tensor_data,
+ * dg_optim_state_get, so a checkpoint) waits for the pending update first; dg_ddp_flush applies it explicitly
  * and reports a failure (a dead peer then fails the op that reads a
  * parameter, naming the rank). dg_ddp_free and dg_ddp_join apply it too.
  *
