@@ -5,7 +5,7 @@
  *         [--batch 64] [--lr LR] [--epochs 3] [--threads N] [--seed 1]
  *         [--checkpoint PATH] [--save-every STEPS] [--resume PATH]
  *         [--max-steps N] [--log-every 100] [--loss-log FILE]
- *         [--schedule cosine|constant] [--stop-at STEP]
+ *         [--schedule cosine|constant] [--stop-at STEP] [--overlap]
  *
  * Models (parameters named "layers.<i>.weight" / ".bias"):
  *   mlp  784-512-256-10, ReLU
@@ -36,7 +36,10 @@
  * DDP (dgrad/ddp.h: rank 0's initial values broadcast, gradients averaged
  * over ranks), each rank reads its own shard of every epoch (--batch is per
  * rank), and rank 0 prints and writes checkpoints; every rank resumes from
- * the same file.
+ * the same file. --overlap hands the optimizer to DDP
+ * (dg_ddp_overlap_optimizer): each bucket's update lands when the next
+ * forward reads it, so communication also overlaps the forward; the losses
+ * are those of the plain loop (tests/ckpt/test_mnist_resume.py).
  *   dgrun -n 2 build/examples/mnist/mnist --model cnn --threads 1 */
 #include <inttypes.h>
 #include <math.h>
@@ -206,6 +209,14 @@ static int trainer_init(trainer *t) {
     fprintf(stderr, "mnist: ddp: %s\n", dg_errmsg(t->ctx));
     return rc;
   }
+  if (t->o.overlap && !t->ddp) {
+    fprintf(stderr, "mnist: --overlap needs data-parallel ranks (run under dgrun)\n");
+    return DG_EINVAL;
+  }
+  if (t->o.overlap && (rc = dg_ddp_overlap_optimizer(t->ddp, t->opt))) {
+    fprintf(stderr, "mnist: ddp: %s\n", dg_ddp_errmsg(t->ddp));
+    return rc;
+  }
   int64_t total = t->o.epochs * dg_loader_batches_per_epoch(t->loader);
   if (t->o.max_steps > 0 && t->o.max_steps < total) total = t->o.max_steps;
   t->sched = (dg_lr_schedule){t->o.cosine ? DG_LR_COSINE : DG_LR_CONSTANT, t->o.lr, 0, total,
@@ -304,12 +315,14 @@ static int train_step(trainer *t, int64_t rows, float *loss) {
   dg_ctx *ctx = t->ctx;
   float *x = dg_loader_buffer(t->loader, 0);
   int64_t *y = dg_loader_buffer(t->loader, 1);
-  dg_params_zero_grad(t->ps);
+  /* the rate before backward ends: with --overlap DDP applies the update
+   * later, with the rate in force then */
+  dg_optim_set_lr(t->opt, dg_lr_at(&t->sched, t->step));
+  if (!t->o.overlap) dg_params_zero_grad(t->ps); /* else DDP zeroes them */
   dg_tensor *logits = dg_module_forward(t->net, ctx, input(t, x, rows));
   dg_tensor *l = dg_cross_entropy(ctx, logits, dg_wrap(ctx, DG_I64, 1, &rows, y));
   int rc = l ? dg_backward(ctx, l) : dg_errcode(ctx);
-  dg_optim_set_lr(t->opt, dg_lr_at(&t->sched, t->step));
-  if (!rc) rc = dg_optim_step(t->opt); /* DDP: gradients are averaged by now */
+  if (!rc && !t->o.overlap) rc = dg_optim_step(t->opt); /* DDP: averaged by now */
   if (rc) fprintf(stderr, "mnist: step %" PRId64 ": %s\n", t->step + 1,
                   dg_errmsg(ctx)[0] ? dg_errmsg(ctx) : dg_strerror(rc));
   else *loss = dg_tensor_item(l);

@@ -18,6 +18,7 @@ typedef struct {
   int64_t save_every, max_steps;
   int64_t stop_at; /* tests: stop (and save) at this global step, as if the
                       run were interrupted there; the schedule is unchanged */
+  int overlap; /* DDP steps the optimizer, overlapping the next forward */
 } mnist_opts;
 
 static const char mnist_usage[] =
@@ -25,7 +26,7 @@ static const char mnist_usage[] =
     "             [--batch 64] [--lr LR] [--epochs 3] [--threads 1] [--seed 1]\n"
     "             [--checkpoint PATH] [--save-every STEPS] [--resume PATH]\n"
     "             [--max-steps N] [--log-every 100] [--loss-log FILE]\n"
-    "             [--schedule cosine|constant] [--stop-at STEP]\n";
+    "             [--schedule cosine|constant] [--stop-at STEP] [--overlap]\n";
 
 static float mnist_default_lr(const char *optim) {
   if (!strcmp(optim, "sgd")) return 0.05f;
@@ -42,12 +43,16 @@ static int mnist_one_of(const char *v, const char *a, const char *b, const char 
 /* Returns 0, 1 after --help, or -1 on a bad option (message printed). */
 static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
   *o = (mnist_opts){DG_FASHION_MNIST_DIR, "mlp", "adamw", NULL, NULL, NULL, 64, 3, 1, 100,
-                    1, 0, 1, 0, 0, 0};
+                    1, 0, 1, 0, 0, 0, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       fputs(mnist_usage, stdout);
       return 1;
+    }
+    if (!strcmp(a, "--overlap")) {
+      o->overlap = 1;
+      continue;
     }
     if (!v || strncmp(a, "--", 2)) goto bad;
     i++;

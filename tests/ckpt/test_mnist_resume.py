@@ -8,7 +8,9 @@ checkpoint of another model is refused with a clear message.
 
     python3 test_mnist_resume.py path/to/mnist [path/to/dgrun]
 
-With dgrun, also two data-parallel ranks (DDP) stop and resume exactly.
+With dgrun, also two data-parallel ranks (DDP) stop and resume exactly,
+and so do they with --overlap (DDP applying each update during the next
+forward), whose losses must also be those of the plain loop.
 """
 import os
 import random
@@ -50,15 +52,17 @@ def run(exe, args):
     return p.returncode, p.stdout
 
 
-def ddp_resume(exe, dgrun, tmp):
+def ddp_resume(exe, dgrun, tmp, extra=(), ref=None):
     """Two ranks under dgrun (DDP, sharded loader): 12 steps uninterrupted vs
-    7 + checkpoint + resume; every rank's losses identical."""
+    7 + checkpoint + resume; every rank's losses identical (and equal to
+    `ref`'s uninterrupted ones when given). Returns (failures, log prefix)."""
     n, k = 12, 7
     common = ["--data", tmp, "--model", "mlp", "--optim", "adamw", "--batch", "16",
               "--epochs", "2", "--threads", "1", "--seed", "4", "--log-every", "0",
-              "--max-steps", str(n)]
-    ck = os.path.join(tmp, "ddp.safetensors")
-    logs = {x: os.path.join(tmp, "ddp_%s.log" % x) for x in "ab"}
+              "--max-steps", str(n)] + list(extra)
+    tag = "".join(extra).strip("-") or "plain"
+    ck = os.path.join(tmp, "ddp_%s.safetensors" % tag)
+    logs = {x: os.path.join(tmp, "ddp_%s_%s.log" % (tag, x)) for x in "ab"}
     launch = [dgrun, "--nproc-per-node", "2", "--", exe]
     runs = [launch + common + ["--loss-log", logs["a"]],
             launch + common + ["--loss-log", logs["b"], "--stop-at", str(k), "--checkpoint", ck],
@@ -67,18 +71,26 @@ def ddp_resume(exe, dgrun, tmp):
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=240)
         if p.returncode:
-            print("FAIL ddp: %s exited %d\n%s" % (" ".join(cmd), p.returncode, p.stdout))
-            return 1
+            print("FAIL ddp %s: %s exited %d\n%s" % (tag, " ".join(cmd), p.returncode, p.stdout))
+            return 1, logs["a"]
     fails = 0
     for r in (0, 1):
         a = open("%s.rank%d" % (logs["a"], r)).read().split("\n")
         b = open("%s.rank%d" % (logs["b"], r)).read().split("\n")
         if len(a) != n + 1 or a != b:
-            print("FAIL ddp rank %d: losses differ\n%s\nvs\n%s" % (r, a, b))
+            print("FAIL ddp %s rank %d: losses differ\n%s\nvs\n%s" % (tag, r, a, b))
             fails += 1
         else:
-            print("ok ddp W=2 rank %d: %d = %d + %d identical losses" % (r, n, k, n - k))
-    return fails
+            print("ok ddp %s W=2 rank %d: %d = %d + %d identical losses" % (tag, r, n, k, n - k))
+        if ref:
+            c = open("%s.rank%d" % (ref, r)).read().split("\n")
+            if a != c:
+                print("FAIL ddp %s rank %d: losses differ from the plain loop's\n%s\nvs\n%s"
+                      % (tag, r, a, c))
+                fails += 1
+            else:
+                print("ok ddp %s rank %d: the plain loop's losses" % (tag, r))
+    return fails, logs["a"]
 
 
 def main():
@@ -127,7 +139,9 @@ def main():
         else:
             print("ok: mismatched resume refused:", out.strip().splitlines()[-1])
         if len(sys.argv) > 2:
-            fails += ddp_resume(exe, sys.argv[2], tmp)
+            f, plain = ddp_resume(exe, sys.argv[2], tmp)
+            fails += f
+            fails += ddp_resume(exe, sys.argv[2], tmp, ["--overlap"], plain)[0]
     print("%d failure(s)" % fails if fails else "ok")
     return 1 if fails else 0
 
