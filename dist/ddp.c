@@ -302,6 +302,7 @@ void dg_ddp_free(dg_ddp *d) {
     for (int i = 0; i < d->nparams; i++) dg_params_get(d->ps, i)->flags &= ~(uint32_t)DG_TF_GATED;
   }
   if (d->opt) d->opt->ddp_owned = 0;
+  if (d->opt) d->ps->update_owned = 0;
   if (d->ready_id > 0) dg_ctx_remove_hook(d->ctx, d->ready_id);
   if (d->end_id > 0) dg_ctx_remove_hook(d->ctx, d->end_id);
   dg__ddp_end_round(d);
@@ -398,6 +399,7 @@ int dg_ddp_overlap_optimizer(dg_ddp *d, dg_optim *opt) {
   if (d->opt) d->opt->ddp_owned = 0;
   d->opt = opt;
   if (opt) opt->ddp_owned = 1;
+  d->ps->update_owned = opt != NULL;
   return DG_OK;
 }
 

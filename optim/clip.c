@@ -2,10 +2,17 @@
 #include <math.h>
 
 #include "optim/optim_impl.h"
+#include "tensor/tensor_impl.h"
 
 int dg_clip_grad_norm(dg_params *ps, double max_norm, double *total_norm) {
   if (total_norm) *total_norm = 0;
   if (!ps || !(max_norm >= 0)) return DG_EINVAL;
+  if (ps->update_owned) {
+    DG_LOGE("clip_grad_norm: a DDP applies this store's updates bucket by bucket "
+            "(dg_ddp_overlap_optimizer): there is no moment when every gradient is final "
+            "and none applied; clipping by global norm needs the plain loop");
+    return DG_ESTATE;
+  }
   float *g = dg_params_grad(ps, NULL);
   int np = dg_params_count(ps);
   double sum = 0;

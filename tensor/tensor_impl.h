@@ -153,6 +153,7 @@ struct dg_params {
    * DG__GATE_BACKWARD every parameter before a backward writes gradients. */
   dg__gate_fn gate;
   void *gate_user;
+  int update_owned;   /* a DDP applies the optimizer step (no global clipping) */
 };
 
 /* ---- errors ---- */

@@ -88,7 +88,8 @@
  * it is, or drop the step and zero_grad. The gradients are zeroed by the
  * next backward. Set a learning-rate schedule before backward as usual: the
  * update uses the rate in force when backward ended. Global-norm clipping
- * cannot run in this mode (it needs every gradient before any update).
+ * cannot run in this mode (it needs every gradient before any update):
+ * dg_clip_grad_norm returns DG_ESTATE.
  * Raw access (dg_params_data, dg_params_grad, dg_tensor_data,
  * dg_optim_state_get, so a checkpoint) waits for the pending update first; dg_ddp_flush applies it explicitly
  * and reports a failure (a dead peer then fails the op that reads a

@@ -149,8 +149,9 @@ int dg_optim_state_get(dg_optim *o, int k, const char **name, float **buf, size_
  * total = sqrt(sum over trainable parameters of ||g||^2) computed in double;
  * every trainable gradient is multiplied by min(1, max_norm / (total + 1e-6)).
  * total_norm (may be NULL) receives the norm before clipping. DG_EINVAL for a
- * negative max_norm. A non-finite total is reported and nothing is scaled
- * when it is NaN. */
+ * negative max_norm, DG_ESTATE when a DDP owns the store's optimizer step
+ * (dg_ddp_overlap_optimizer). A non-finite total is reported and nothing is
+ * scaled when it is NaN. */
 int dg_clip_grad_norm(dg_params *ps, double max_norm, double *total_norm);
 
 /* Learning-rate schedules, a pure function of the step index (0-based: the

@@ -70,6 +70,7 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
   if (c->fwd) {
     CHECK_OK(dg_ddp_overlap_optimizer(ddp, opt));
     CHECK_EQ_INT(dg_optim_step(opt), DG_ESTATE); /* owned: stepping it would double */
+    CHECK_EQ_INT(dg_clip_grad_norm(m->ps, 1.0, NULL), DG_ESTATE); /* no global moment */
   }
   for (int s = 0; s < STEPS; s++) {
     schedule(c, opt, base, s);
