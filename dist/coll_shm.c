@@ -700,6 +700,7 @@ int dg__shmgrad_wait(dg_pg *pg, dg__shmgrad *s, int k, const dg_work *eng, char 
     }
   }
   int p = laggard(&w);
+  if (p < 0) p = pg->rank; /* every peer is done: this rank's own block is missing */
   if (rc == DG_EPEER && dead >= 0)
     snprintf(err, cap, "rank %d exited while rank %d waited for rank %d to average its block "
              "of gradient bucket %d", dead, pg->rank, p, k);

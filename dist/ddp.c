@@ -293,6 +293,25 @@ int dg_ddp_new(dg_ddp **out, dg_ctx *ctx, dg_params *ps, dg_pg *pg, const dg_ddp
   return DG_OK;
 }
 
+/* The owned optimizer is being freed: the pending update lands first. */
+static void release_opt(void *owner) {
+  dg_ddp *d = owner;
+  if (d->pending && dg__ddp_land_all(d)) {
+    DG_LOGE("optim_free: rank %d: DDP's pending update failed and is dropped: %s", d->rank,
+            d->errmsg);
+    d->pending = 0;
+    for (int i = 0; i < d->nparams; i++) dg_params_get(d->ps, i)->flags &= ~(uint32_t)DG_TF_GATED;
+  }
+  d->opt = NULL;
+  d->ps->update_owned = 0;
+}
+
+static void own(dg_ddp *d, dg_optim *o, int on) {
+  o->ddp_owned = on;
+  o->owner_release = on ? release_opt : NULL;
+  o->owner = on ? d : NULL;
+}
+
 void dg_ddp_free(dg_ddp *d) {
   if (!d) return;
   if (d->pending && dg__ddp_land_all(d))
@@ -301,8 +320,10 @@ void dg_ddp_free(dg_ddp *d) {
     dg__params_set_gate(d->ps, NULL, NULL);
     for (int i = 0; i < d->nparams; i++) dg_params_get(d->ps, i)->flags &= ~(uint32_t)DG_TF_GATED;
   }
-  if (d->opt) d->opt->ddp_owned = 0;
-  if (d->opt) d->ps->update_owned = 0;
+  if (d->opt) {
+    own(d, d->opt, 0);
+    d->ps->update_owned = 0;
+  }
   if (d->ready_id > 0) dg_ctx_remove_hook(d->ctx, d->ready_id);
   if (d->end_id > 0) dg_ctx_remove_hook(d->ctx, d->end_id);
   dg__ddp_end_round(d);
@@ -388,6 +409,7 @@ int dg_ddp_step_ready(const dg_ddp *d) { return d ? d->last_synced : 0; }
 
 int dg_ddp_overlap_optimizer(dg_ddp *d, dg_optim *opt) {
   if (!d) return DG_EINVAL;
+  if (opt && opt == d->opt) return DG_OK;
   if (d->in_step || d->pending)
     return dg__ddp_fail(d, DG_ESTATE, "ddp_overlap_optimizer: called inside a step");
   if (opt && opt->ps != d->ps)
@@ -396,9 +418,9 @@ int dg_ddp_overlap_optimizer(dg_ddp *d, dg_optim *opt) {
   if (opt && (opt->ddp_owned || opt->fused_ctx))
     return dg__ddp_fail(d, DG_ESTATE, "ddp_overlap_optimizer: the optimizer (%s) is already "
                         "stepped by %s", opt->name, opt->fused_ctx ? "backward" : "a DDP");
-  if (d->opt) d->opt->ddp_owned = 0;
+  if (d->opt) own(d, d->opt, 0);
   d->opt = opt;
-  if (opt) opt->ddp_owned = 1;
+  if (opt) own(d, opt, 1);
   d->ps->update_owned = opt != NULL;
   return DG_OK;
 }

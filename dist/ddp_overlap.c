@@ -54,9 +54,11 @@ int dg__ddp_land_all(dg_ddp *d) {
 
 int dg__ddp_defer_step(dg_ddp *d) {
   int rc = dg__optim_begin_step(d->opt);
-  if (rc)
+  if (rc) { /* finish the round all the same: the peers are in it */
+    dg__ddp_finish_now(d);
     return dg__ddp_fail(d, rc, "ddp: rank %d: the optimizer's parameter store changed after "
                         "it was created", d->rank);
+  }
   d->pend_lr = d->opt->lr; /* a schedule may set the next rate before the update lands */
   if (d->world == 1 || (!d->rebuilt && !d->opts.static_buckets)) {
     /* one rank has nothing to wait for; the first step re-lays the store
@@ -72,7 +74,10 @@ int dg__ddp_defer_step(dg_ddp *d) {
   if (e && !d->err)
     dg__ddp_fail(d, e, "ddp: rank %d: step %lld: the group failed: %s", d->rank,
                  (long long)d->st.sync_steps, dg_pg_errmsg(d->pg));
-  if (d->err) return d->err;
+  if (d->err) {
+    dg__ddp_end_round(d);
+    return d->err;
+  }
   d->pending = 1;
   d->st.overlapped_steps++;
   for (int i = 0; i < d->nparams; i++)

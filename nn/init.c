@@ -5,6 +5,7 @@
 
 static float *f32_data(dg_tensor *w, size_t *n) {
   if (!w || w->dtype != DG_F32 || !dg__is_contig(w)) return NULL;
+  dg__settle(w); /* a pending update must not land on the new values */
   *n = (size_t)dg__numel(w);
   return w->data;
 }

@@ -27,7 +27,7 @@ static int fused_end(void *user, dg_ctx *ctx) {
 
 int dg_optim_fuse_backward(dg_optim *o, dg_ctx *ctx) {
   if (!o || !ctx) return DG_EINVAL;
-  if (o->fused_ctx) return DG_ESTATE;
+  if (o->fused_ctx || o->ddp_owned) return DG_ESTATE;
   if (!dg__optim_range(o)) {
     DG_LOGE("optim_fuse_backward(%s): only element-wise optimizers (sgd, adamw) can step "
             "inside backward; %s needs whole-parameter norms", o->name, o->name);

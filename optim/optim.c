@@ -32,6 +32,7 @@ int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const ch
 
 void dg_optim_free(dg_optim *o) {
   if (!o) return;
+  if (o->owner_release) o->owner_release(o->owner);
   for (int k = 0; k < o->nstate; k++) {
     if (o->state[k]) dg_params_remove_companion(o->ps, o->state[k]);
     dg__free(o->state[k]);
@@ -149,6 +150,7 @@ float dg_optim_get_lr(const dg_optim *o) { return o ? o->lr : 0.0f; }
 int64_t dg_optim_step_count(const dg_optim *o) { return o ? o->step : 0; }
 int dg_optim_set_step(dg_optim *o, int64_t step) {
   if (!o || step < 0) return DG_EINVAL;
+  (void)dg__params_flush(o->ps, DG__GATE_ALL); /* a pending update has its step */
   o->step = step;
   return DG_OK;
 }

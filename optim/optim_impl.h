@@ -33,6 +33,9 @@ struct dg_optim {
   dg_ctx *fused_ctx;
   int fused_ready_id, fused_end_id, fused_in_step;
   int ddp_owned; /* a DDP applies its steps (dg_ddp_overlap_optimizer) */
+  void (*owner_release)(void *owner); /* called by dg_optim_free: the owner
+                                         applies what is pending, lets go */
+  void *owner;
 };
 
 /* Element-wise update of [lo, hi) of the flat buffers (SGD, AdamW); NULL for

@@ -282,6 +282,7 @@ static int64_t logical_off(const dg_tensor *t, int64_t i) {
 
 double dg_tensor_get(const dg_tensor *t, int64_t i) {
   if (!t || i < 0 || i >= dg__numel(t)) return 0;
+  dg__settle(t);
   return load_elem(t->data, t->dtype, logical_off(t, i));
 }
 
@@ -384,6 +385,8 @@ void dg_tensor_free(dg_tensor *t) {
 int dg_tensor_copy(dg_tensor *dst, const dg_tensor *src) {
   if (!dst || !src) return DG_EINVAL;
   if (!dg__same_shape(dst, src)) return DG_ESHAPE;
+  dg__settle(src);
+  dg__settle(dst); /* else the pending update would land on the copy */
   if (dg__is_contig(dst)) {
     convert(dst->data, dst->dtype, src);
     return DG_OK;
@@ -409,12 +412,12 @@ dg_dtype dg_tensor_dtype(const dg_tensor *t) { return t ? t->dtype : DG_F32; }
 int dg_tensor_device(const dg_tensor *t) { return t ? t->device : DG_CPU; }
 int dg_tensor_is_contiguous(const dg_tensor *t) { return t ? dg__is_contig(t) : 0; }
 void *dg_tensor_data(const dg_tensor *t) {
-  if (t && (t->flags & DG_TF_GATED)) (void)dg__params_flush(t->params, t->param_id);
+  dg__settle(t);
   return t ? t->data : NULL;
 }
 dg_tensor *dg_tensor_grad(const dg_tensor *t) {
   if (!t) return NULL;
-  if (t->flags & DG_TF_GATED) (void)dg__params_flush(t->params, t->param_id);
+  dg__settle(t);
   if (t->flags & DG_TF_GRAD_STALE) {
     if (t->param_id >= 0) dg__param_grad_materialize((dg_tensor *)t);
     else if (t->grad) {

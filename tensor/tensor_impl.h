@@ -175,6 +175,10 @@ int dg__param_gate(dg_ctx *ctx, const char *op, const dg_tensor *t);
  * are logged and returned. */
 int dg__params_flush(dg_params *ps, int i);
 void dg__params_set_gate(dg_params *ps, dg__gate_fn fn, void *user);
+/* Raw access to t's values: a pending update lands first. */
+static inline void dg__settle(const dg_tensor *t) {
+  if (t && (t->flags & DG_TF_GATED)) (void)dg__params_flush(t->params, t->param_id);
+}
 
 /* ---- tensor helpers ---- */
 

@@ -102,12 +102,18 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
   else CHECK_EQ_INT(sts.nbuckets, 1);
   /* every update after the first (which precedes the rebuild) is deferred */
   CHECK_EQ_INT(sts.overlapped_steps, c->fwd && W > 1 ? STEPS - 1 : 0);
-  /* the last update is still pending: raw reads must see it applied (what
-   * dg_ddp_free applies later must already be there) */
+  /* The last update is still pending. With accumulation the optimizer is
+   * freed first: that must apply it (compared with the reference later).
+   * Else raw reads must see it applied (what dg_ddp_free applies later must
+   * already be there), optimizer state included (what a checkpoint reads
+   * first). */
   size_t n = 0, ns = 0;
   float *seen = NULL, *state = NULL, *st0 = NULL;
-  if (c->fwd) {
-    if (dg_optim_state_count(opt) > 0) { /* what a checkpoint reads first */
+  if (c->fwd && c->K > 1) {
+    dg_optim_free(opt);
+    opt = NULL;
+  } else if (c->fwd) {
+    if (dg_optim_state_count(opt) > 0) {
       CHECK_OK(dg_optim_state_get(opt, 0, NULL, &st0, &ns));
       state = malloc(ns * sizeof *state);
       memcpy(state, st0, ns * sizeof *state);
