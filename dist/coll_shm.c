@@ -386,7 +386,6 @@ struct dg__shmgrad {
   int64_t link_free;   /* simulated link: the schedule is fixed up to here */
   int64_t *sched_end;  /* (nbmax) bucket k's transfer ends (this step's) */
   uint32_t *sched_gen; /* (nbmax) step whose transfer sched_end is */
-  int sched_lock;      /* advance() is run by one thread at a time */
   uint32_t gen;        /* this rank's step number */
 };
 
@@ -512,10 +511,11 @@ static int scheduled(dg__shmgrad *s, int k) {
 }
 
 /* The simulated link's schedule up to now: from the time the link is free,
- * send the most urgent (highest index) bucket posted by then. */
+ * send the most urgent (highest index) bucket posted by then. Only threads
+ * waiting for a bucket run it: this rank's compute thread (the worker's
+ * engine waits for postings, never for a transfer). */
 static void advance(dg__shmgrad *s, int64_t now) {
-  if (s->link_ns_per_byte <= 0 || __atomic_exchange_n(&s->sched_lock, 1, __ATOMIC_ACQUIRE))
-    return;
+  if (s->link_ns_per_byte <= 0) return;
   for (;;) {
     int64_t t = __atomic_load_n(&s->link_free, __ATOMIC_RELAXED), first = INT64_MAX;
     int best = -1;
@@ -538,7 +538,6 @@ static void advance(dg__shmgrad *s, int64_t now) {
     __atomic_store_n(&s->sched_gen[best], s->gen, __ATOMIC_RELEASE);
     __atomic_store_n(&s->link_free, end, __ATOMIC_RELAXED);
   }
-  __atomic_store_n(&s->sched_lock, 0, __ATOMIC_RELEASE);
 }
 
 /* 0 when bucket k is complete, else the time to look again (INT64_MAX:
@@ -552,7 +551,7 @@ static int64_t pending_until(dg__shmgrad *s, int k, int64_t now) {
   return f > now ? f : INT64_MAX;
 }
 
-int dg__shmgrad_complete(dg__shmgrad *s, int k) { return pending_until(s, k, dg__now_ns()) == 0; }
+static int complete(dg__shmgrad *s, int k) { return pending_until(s, k, dg__now_ns()) == 0; }
 
 int32_t dg__shmgrad_count(dg__shmgrad *s) {
   int32_t t = 0;
@@ -688,7 +687,7 @@ int dg__shmgrad_wait(dg_pg *pg, dg__shmgrad *s, int k, const dg_work *eng, char 
   for (;;) {
     w.bell = __atomic_load_n(&s->hdr->bell, __ATOMIC_SEQ_CST);
     dg__shmgrad_progress(s);
-    if (dg__shmgrad_complete(s, k)) return DG_OK;
+    if (complete(s, k)) return DG_OK;
     if (engine_failed(eng)) {
       snprintf(err, cap, "%s", eng->err);
       return __atomic_load_n(&eng->status, __ATOMIC_ACQUIRE);

@@ -154,8 +154,7 @@ static void log_unused(dg_ddp *d) {
           "in the average: %s", d->rank, dg_params_unreached_count(d->ps), names);
 }
 
-/* Completes a synchronising round: count, buckets, scale, rebuild. */
-static int finish_round(dg_ddp *d) {
+int dg__ddp_finish_round(dg_ddp *d) {
   if (d->world == 1) { /* nothing to exchange: only the accumulation divisor */
     if (d->accum_div > 1) {
       size_t n;
@@ -187,7 +186,7 @@ static int on_end(void *user, dg_ctx *ctx) {
   double t0 = dg__ddp_now();
   int K = d->opts.accum_steps > 1 ? d->opts.accum_steps : 1;
   d->accum_div = d->micro > 1 ? K : 1;
-  int rc = d->opt ? dg__ddp_defer_step(d) : finish_round(d);
+  int rc = d->opt ? dg__ddp_defer_step(d) : dg__ddp_finish_round(d);
   d->micro = 0;
   d->st.wait_s += dg__ddp_now() - t0;
   d->st.sync_steps++;
@@ -198,10 +197,6 @@ static int on_end(void *user, dg_ctx *ctx) {
   d->last_synced = !d->opt; /* with an owned optimizer the update is ours */
   return DG_OK;
 }
-
-/* The end of a synchronising backward in overlap mode needs finish_round
- * when the buckets must be final now. */
-int dg__ddp_finish_now(dg_ddp *d) { return finish_round(d); }
 
 /* ---- construction ---- */
 
@@ -381,7 +376,7 @@ int dg_ddp_join(dg_ddp *d) {
       dg_params_zero_grad(d->ps);
       (void)dg_params_grad(d->ps, NULL);
     }
-    if (finish_round(d)) break;
+    if (dg__ddp_finish_round(d)) break;
     d->st.shadow_steps++;
   }
   dg__ddp_end_round(d);

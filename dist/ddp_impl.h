@@ -114,8 +114,9 @@ int32_t dg__ddp_piggy_count(dg_ddp *d, void *pending);
 /* ddp.c */
 /* Ranks with data in this round (0 on failure, with the error recorded). */
 int32_t dg__ddp_round_count(dg_ddp *d);
-/* Finishes the round now: every bucket, the scale, the first rebuild. */
-int dg__ddp_finish_now(dg_ddp *d);
+/* Completes a synchronising round now: every bucket, the scale, the first
+ * rebuild. */
+int dg__ddp_finish_round(dg_ddp *d);
 /* Records the first failure: code and message (printf format). */
 int dg__ddp_fail(dg_ddp *d, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -55,7 +55,7 @@ int dg__ddp_land_all(dg_ddp *d) {
 int dg__ddp_defer_step(dg_ddp *d) {
   int rc = dg__optim_begin_step(d->opt);
   if (rc) { /* finish the round all the same: the peers are in it */
-    dg__ddp_finish_now(d);
+    dg__ddp_finish_round(d);
     return dg__ddp_fail(d, rc, "ddp: rank %d: the optimizer's parameter store changed after "
                         "it was created", d->rank);
   }
@@ -63,7 +63,7 @@ int dg__ddp_defer_step(dg_ddp *d) {
   if (d->world == 1 || (!d->rebuilt && !d->opts.static_buckets)) {
     /* one rank has nothing to wait for; the first step re-lays the store
      * out (the rebuild), so its buckets must be final first */
-    if ((rc = dg__ddp_finish_now(d))) return rc;
+    if ((rc = dg__ddp_finish_round(d))) return rc;
     for (int k = 0; k < d->nb; k++) apply(d, k);
     d->zero_due = 1;
     return DG_OK;

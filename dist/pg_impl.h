@@ -158,8 +158,6 @@ void dg__shmgrad_bucket(dg__shmgrad *s, int k, int nb, size_t off, size_t n);
 void dg__shmgrad_begin(dg__shmgrad *s, int32_t count);
 /* This rank's gradients of bucket k are final. */
 void dg__shmgrad_ready(dg__shmgrad *s, int k);
-/* 1 when every rank has averaged its block of bucket k (this step). */
-int dg__shmgrad_complete(dg__shmgrad *s, int k);
 /* The step's count summed over ranks (valid once any bucket is complete). */
 int32_t dg__shmgrad_count(dg__shmgrad *s);
 /* Averages this rank's blocks of the buckets ready everywhere, as far as the
