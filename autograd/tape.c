@@ -271,9 +271,32 @@ static void fire_ready(dg_ctx *ctx, dg_params *ps, int id, int reached) {
     ctx->ready_hooks[h].ready(ctx->ready_hooks[h].user, ps, id, reached);
 }
 
+/* Gradient buffers with several writers in one node. An op's backward may
+ * overwrite (=) a stale (logically zero) input gradient instead of adding,
+ * which is right only for its single writer: when one tensor fills two input
+ * slots (a residual into its own input, tied weights), its buffer is zeroed
+ * first so that every slot adds. A node whose output has no elements
+ * contributes exactly zero to every input: its backward is not run (an op
+ * that loops over no rows would leave an overwriting first writer's buffer
+ * unwritten) and its inputs' gradients read as zero. Returns 1 to skip the
+ * node's backward, 0 to run it, or an error code. */
+static int prepare_inputs(dg_ctx *ctx, dg_node *n) {
+  int empty = dg__numel(n->out) == 0;
+  for (int k = 0; k < n->nin; k++) {
+    dg_tensor *t = n->in[k];
+    if (!dg__wants_grad(t)) continue;
+    int shared = empty;
+    for (int j = 0; j < k && !shared; j++) shared = n->in[j] == t;
+    if (shared && !dg__grad_buf(ctx, t)) return ctx->err ? ctx->err : DG_ENOMEM;
+  }
+  return empty;
+}
+
 static int run_node(dg_ctx *ctx, dg_node *n) {
   if (!n->out->grad) return DG_OK; /* not reached from the loss */
-  int rc = n->backward(ctx, n);
+  int rc = prepare_inputs(ctx, n);
+  if (rc < 0) return rc;
+  rc = rc ? DG_OK : n->backward(ctx, n);
   if (rc) return rc;
   if (ctx->err) return ctx->err;
   /* an intermediate's gradient is dead now (as torch's non-leaf .grad) */
@@ -325,7 +348,14 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
     return dg__set_error(ctx, DG_EINVAL,
                          "backward: the output does not require grad (no parameter or "
                          "grad-requiring input reaches it, or grad mode was off)");
-  if (grad_out && (!dg__same_shape(out, grad_out) || grad_out->dtype != DG_F32)) {
+  if (out->node && out->node->consumed)
+    return dg__set_error(ctx, DG_ESTATE,
+                         "backward: the tape that produced this output was already consumed by "
+                         "an earlier backward (run the forward again)");
+  if (grad_out && grad_out->dtype != DG_F32)
+    return dg__set_error(ctx, DG_EDTYPE, "backward: grad_out must be f32, got %s",
+                         dg_dtype_name(grad_out->dtype));
+  if (grad_out && !dg__same_shape(out, grad_out)) {
     char a[96], b[96];
     return dg__set_error(ctx, DG_ESHAPE, "backward: grad_out %s does not match output %s",
                          dg__shape_str(grad_out, b, sizeof b), dg__shape_str(out, a, sizeof a));
@@ -356,6 +386,7 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
   dg_set_grad_enabled(ctx, prev);
   for (int s = 0; s < ctx->nstores; s++) store_clear_state(ctx->stores[s]);
   ctx->nstores = 0;
+  for (int i = 0; i < ctx->ntape; i++) ctx->tape[i]->consumed = 1;
   ctx->ntape = 0;
   if (rc && !ctx->err) dg__set_error(ctx, rc, "backward: a backward-end hook failed (%s)",
                                      dg_strerror(rc));

@@ -47,7 +47,9 @@ static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 uint16_t dg_f32_to_bf16(float f) {
   uint32_t u = f2u(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN */
+  /* NaN: the canonical quiet NaN, sign kept, payload dropped (one rule for
+   * every path; see common.h) */
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((u >> 16) & 0x8000u) | 0x7fc0u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }
@@ -58,7 +60,7 @@ uint16_t dg_f32_to_f16(float f) {
   uint32_t u = f2u(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t a = u & 0x7fffffffu;
-  if (a >= 0x7f800000u) /* inf or NaN */
+  if (a >= 0x7f800000u) /* inf, or NaN as the canonical quiet NaN with its sign */
     return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0));
   if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
   if (a < 0x38800000u) { /* subnormal or zero in f16 */

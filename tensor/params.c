@@ -109,11 +109,12 @@ int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shap
     DG_LOGE("params_add: duplicate parameter name \"%s\"", name);
     return DG_EINVAL;
   }
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] < 0) return DG_EINVAL;
-    n *= shape[i];
+  char msg[256];
+  if (dg__shape_error(ndim, shape, DG_F32, msg, sizeof msg)) {
+    DG_LOGE("params_add: \"%s\": %s", name, msg);
+    return DG_EINVAL;
   }
+  int64_t n = dg__shape_numel(ndim, shape, 1);
   if (grow_arrays(ps)) return DG_ENOMEM;
   int id = ps->n;
   dg_tensor *t = param_header(ps, ndim, shape, id);
@@ -135,7 +136,9 @@ int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shap
   ps->reached[id] = ps->fired[id] = 0;
   ps->n++;
   size_t cap = ps->total;
-  if (need > cap) {
+  /* a store of zero-element parameters still gets buffers: every view has
+   * a real address (ops and memset never see NULL) */
+  if (need > cap || !ps->data) {
     size_t ncap = cap ? cap : 1024;
     while (ncap < need) ncap *= 2;
     if (grow_flat(ps, ncap)) {
@@ -297,8 +300,8 @@ int dg_params_relayout(dg_params *ps, const int *order) {
   if (!ps || !order) return DG_EINVAL;
   uint8_t *seen = dg__calloc((size_t)ps->n + 1, 1);
   size_t *newoff = dg__malloc(((size_t)ps->n + 1) * sizeof *newoff);
-  float *tmp = ps->used_total ? dg__malloc(ps->used_total * sizeof(float)) : NULL;
-  int rc = (!seen || !newoff || (ps->used_total && !tmp)) ? DG_ENOMEM : DG_OK;
+  float *tmp = dg__malloc((ps->used_total + 1) * sizeof(float));
+  int rc = (!seen || !newoff || !tmp) ? DG_ENOMEM : DG_OK;
   size_t off = 0;
   for (int k = 0; !rc && k < ps->n; k++) {
     int i = order[k];

@@ -34,31 +34,61 @@ int dg__same_shape(const dg_tensor *a, const dg_tensor *b) {
   return 1;
 }
 
-const char *dg__shape_str(const dg_tensor *t, char *buf, size_t cap) {
+const char *dg__dims_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
   size_t n = 0;
   n += (size_t)snprintf(buf + n, cap - n, "(");
-  for (int i = 0; i < t->ndim && n < cap; i++)
-    n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+  for (int i = 0; i < ndim && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)shape[i]);
   if (n < cap) snprintf(buf + n, cap - n, ")");
   return buf;
 }
 
-static int check_shape(dg_ctx *ctx, const char *op, int ndim, const int64_t *shape) {
-  if (ndim < 0 || ndim > DG_MAX_DIMS || (ndim && !shape))
-    return dg__set_error(ctx, DG_EINVAL, "%s: ndim %d outside [0, %d]", op, ndim, DG_MAX_DIMS);
+const char *dg__shape_str(const dg_tensor *t, char *buf, size_t cap) {
+  return dg__dims_str(t->ndim, t->shape, buf, cap);
+}
+
+int64_t dg__shape_numel(int ndim, const int64_t *shape, size_t es) {
+  int64_t n = 1, span = (int64_t)es;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return -1;
+    /* span bounds every stride and byte offset, zero-size dims or not */
+    if (__builtin_mul_overflow(span, shape[i] ? shape[i] : 1, &span) || span > DG_MAX_BYTES)
+      return -1;
+    n *= shape[i];
+  }
+  return n;
+}
+
+int dg__shape_error(int ndim, const int64_t *shape, dg_dtype dt, char *msg, size_t cap) {
+  if (ndim < 0 || ndim > DG_MAX_DIMS || (ndim && !shape)) {
+    snprintf(msg, cap, "ndim %d outside [0, %d]", ndim, DG_MAX_DIMS);
+    return DG_EINVAL;
+  }
+  if ((unsigned)dt >= DG_NDTYPES) {
+    snprintf(msg, cap, "invalid dtype %d", (int)dt);
+    return DG_EINVAL;
+  }
+  if (dg__shape_numel(ndim, shape, dg_dtype_size(dt)) >= 0) return DG_OK;
+  char s[DG_MAX_DIMS * 22 + 4];
+  dg__dims_str(ndim, shape, s, sizeof s);
   for (int i = 0; i < ndim; i++)
-    if (shape[i] < 0)
-      return dg__set_error(ctx, DG_EINVAL, "%s: negative size %lld in dim %d", op,
-                           (long long)shape[i], i);
-  return DG_OK;
+    if (shape[i] < 0) {
+      snprintf(msg, cap, "shape %s has a negative size in dim %d", s, i);
+      return DG_EINVAL;
+    }
+  snprintf(msg, cap, "shape %s of %s is too large (its byte size overflows)", s,
+           dg_dtype_name(dt));
+  return DG_EINVAL;
+}
+
+static int check_shape(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const int64_t *shape) {
+  char msg[256];
+  int rc = dg__shape_error(ndim, shape, dt, msg, sizeof msg);
+  return rc ? dg__set_error(ctx, rc, "%s: %s", op, msg) : DG_OK;
 }
 
 dg_tensor *dg__new(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const int64_t *shape) {
-  if (check_shape(ctx, op, ndim, shape)) return NULL;
-  if ((unsigned)dt >= DG_NDTYPES) {
-    dg__set_error(ctx, DG_EINVAL, "%s: invalid dtype %d", op, (int)dt);
-    return NULL;
-  }
+  if (check_shape(ctx, op, dt, ndim, shape)) return NULL;
   dg_tensor *t = dg__arena_alloc(&ctx->arena, sizeof *t);
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i];
@@ -205,7 +235,7 @@ dg_tensor *dg_wrap(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape, voi
     dg__set_error(ctx, DG_EINVAL, "wrap: data is NULL");
     return NULL;
   }
-  if (check_shape(ctx, "wrap", ndim, shape)) return NULL;
+  if (check_shape(ctx, "wrap", dt, ndim, shape)) return NULL;
   dg_tensor *t = dg__arena_alloc(&ctx->arena, sizeof *t);
   if (!t) {
     dg__set_error(ctx, DG_ENOMEM, "wrap: out of memory for a tensor header");
@@ -335,13 +365,13 @@ static int persistent_new(dg_tensor **out, dg_storage *st, void *data, dg_dtype 
 int dg_tensor_new(dg_tensor **out, dg_dtype dt, int ndim, const int64_t *shape) {
   if (!out) return DG_EINVAL;
   *out = NULL;
-  if ((unsigned)dt >= DG_NDTYPES || ndim < 0 || ndim > DG_MAX_DIMS || (ndim && !shape))
-    return DG_EINVAL;
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] < 0) return DG_EINVAL;
-    n *= shape[i];
+  char msg[256];
+  int rc = dg__shape_error(ndim, shape, dt, msg, sizeof msg);
+  if (rc) {
+    DG_LOGE("tensor_new: %s", msg);
+    return rc;
   }
+  int64_t n = dg__shape_numel(ndim, shape, 1);
   dg_storage *st = dg__calloc(1, sizeof *st);
   if (!st) return DG_ENOMEM;
   st->nbytes = (size_t)n * dg_dtype_size(dt);
@@ -351,7 +381,7 @@ int dg_tensor_new(dg_tensor **out, dg_dtype dt, int ndim, const int64_t *shape) 
     return DG_ENOMEM;
   }
   memset(st->base, 0, st->nbytes);
-  int rc = persistent_new(out, st, st->base, dt, ndim, shape);
+  rc = persistent_new(out, st, st->base, dt, ndim, shape);
   if (rc) {
     dg__dev_free(DG_CPU, st->base, st->nbytes);
     dg__free(st);
@@ -363,12 +393,21 @@ int dg_tensor_view(dg_tensor **out, dg_tensor *t, int64_t offset, int ndim,
                    const int64_t *shape) {
   if (!out) return DG_EINVAL;
   *out = NULL;
-  if (!t || !t->storage || ndim < 0 || ndim > DG_MAX_DIMS || offset < 0) return DG_EINVAL;
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
+  if (!t || !t->storage || offset < 0) return DG_EINVAL;
+  char msg[256];
+  int rc = dg__shape_error(ndim, shape, t->dtype, msg, sizeof msg);
+  if (rc) {
+    DG_LOGE("tensor_view: %s", msg);
+    return rc;
+  }
+  int64_t n = dg__shape_numel(ndim, shape, 1);
   size_t es = dg_dtype_size(t->dtype);
+  size_t off = (size_t)((char *)t->data - (char *)t->storage->base);
+  /* in bytes, without forming an out-of-range pointer */
+  if ((uint64_t)offset > (t->storage->nbytes - off) / es ||
+      (uint64_t)n > (t->storage->nbytes - off) / es - (uint64_t)offset)
+    return DG_ESHAPE;
   char *d = (char *)t->data + offset * (int64_t)es;
-  if (d + n * (int64_t)es > (char *)t->storage->base + t->storage->nbytes) return DG_ESHAPE;
   return persistent_new(out, t->storage, d, t->dtype, ndim, shape);
 }
 

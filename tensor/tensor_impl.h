@@ -88,6 +88,8 @@ struct dg_node {
   void *extra;                    /* op-specific arena data */
   int release_out;                /* first node recorded for `out`: its
                                      gradient is dead once this node ran */
+  int consumed;                   /* a backward walked it: a second backward
+                                     through it is an error */
 };
 
 typedef struct {
@@ -194,6 +196,16 @@ int dg__same_shape(const dg_tensor *a, const dg_tensor *b);
 int64_t dg__numel(const dg_tensor *t);
 /* Writes "(a, b, c)" into buf. */
 const char *dg__shape_str(const dg_tensor *t, char *buf, size_t cap);
+const char *dg__dims_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+/* Largest tensor in bytes: 2^62, so byte offsets, strides and the arena's
+ * rounding never overflow. */
+#define DG_MAX_BYTES ((int64_t)1 << 62)
+/* Elements of shape, or -1 when a size is negative or the shape spans more
+ * than DG_MAX_BYTES at es bytes an element (zero-size dims counted as 1,
+ * so that strides fit as well). */
+int64_t dg__shape_numel(int ndim, const int64_t *shape, size_t es);
+/* DG_OK, or DG_EINVAL with msg naming the bad ndim, dtype or shape. */
+int dg__shape_error(int ndim, const int64_t *shape, dg_dtype dt, char *msg, size_t cap);
 /* Contiguous f32 data of x: x->data itself, or a packed arena copy. */
 const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x);
 /* Scatter-add contiguous g (x's logical shape) into a strided destination

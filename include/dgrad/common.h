@@ -71,7 +71,11 @@ typedef enum {
 size_t dg_dtype_size(dg_dtype dt);
 const char *dg_dtype_name(dg_dtype dt); /* "f32", ...; "?" when invalid */
 
-/* Scalar conversions (round to nearest even). */
+/* Scalar conversions (round to nearest even). Every path (these, dg_to_dtype,
+ * collectives) follows one NaN rule: a NaN becomes the canonical quiet NaN of
+ * the target type with its sign kept and its payload dropped (f16 0x7e00,
+ * bf16 0x7fc0, | 0x8000 when negative). PyTorch 1.13 is not consistent here
+ * (its scalar bf16 path writes 0x7fc0, its vectorised one 0xffff). */
 uint16_t dg_f32_to_f16(float f);
 float dg_f16_to_f32(uint16_t h);
 uint16_t dg_f32_to_bf16(float f);

@@ -345,8 +345,8 @@ static dg_tensor *linear_impl(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor
                   (long long)I, b ? dg__shape_str(b, sb, sizeof sb) : "none");
     return NULL;
   }
-  int64_t O = w->shape[0], R = dg__numel(x) / (I ? I : 1);
-  if (!I) R = 1;
+  int64_t O = w->shape[0], R = 1; /* rows: the leading dims, empty or not */
+  for (int i = 0; i < x->ndim - 1; i++) R *= x->shape[i];
   int64_t shape[DG_MAX_DIMS];
   for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
   shape[x->ndim - 1] = O;

@@ -57,20 +57,22 @@ dg_tensor *dg_reshape(dg_ctx *ctx, dg_tensor *x, int ndim, const int64_t *shape)
     dg__set_error(ctx, DG_EINVAL, "reshape: ndim %d outside [0, %d]", ndim, DG_MAX_DIMS);
     return NULL;
   }
-  int64_t known = 1, n = dg__numel(x), sh[DG_MAX_DIMS];
-  int infer = -1;
+  int64_t n = dg__numel(x), sh[DG_MAX_DIMS];
+  int infer = -1, bad = 0;
   for (int i = 0; i < ndim; i++) {
     sh[i] = shape[i];
-    if (shape[i] == -1 && infer < 0) infer = i;
-    else if (shape[i] < 0) infer = -2;
-    else known *= shape[i];
+    if (shape[i] == -1 && infer < 0) infer = i, sh[i] = 1;
+    else if (shape[i] < 0) bad = 1;
   }
-  if (infer >= 0 && known > 0 && n % known == 0) sh[infer] = n / known;
-  int64_t got = 1;
-  for (int i = 0; i < ndim; i++) got *= sh[i];
-  if (infer == -2 || (infer >= 0 && (known == 0 || n % known)) || got != n) {
-    dg__set_error(ctx, DG_ESHAPE, "reshape: cannot view %s (%lld elements) with the requested %d-dim shape",
-                  dg__shape_str(x, sx, sizeof sx), (long long)n, ndim);
+  /* the known sizes' product, checked for overflow (-1 when it overflows) */
+  int64_t known = bad ? -1 : dg__shape_numel(ndim, sh, sizeof(float));
+  if (known >= 0 && infer >= 0 && known > 0 && n % known == 0) sh[infer] = n / known;
+  else if (infer >= 0) known = -1;
+  if (known < 0 || dg__shape_numel(ndim, sh, 1) != n) {
+    char sr[DG_MAX_DIMS * 22 + 4];
+    dg__set_error(ctx, DG_ESHAPE, "reshape: cannot view %s (%lld elements) as %s",
+                  dg__shape_str(x, sx, sizeof sx), (long long)n,
+                  dg__dims_str(ndim, shape, sr, sizeof sr));
     return NULL;
   }
   dg_tensor *src = x;

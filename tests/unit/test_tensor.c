@@ -4,6 +4,8 @@
 
 #include "test.h"
 
+static void test_nan_rule(void);
+
 static void test_dtypes(void) {
   CHECK_EQ_INT(dg_dtype_size(DG_F32), 4);
   CHECK_EQ_INT(dg_dtype_size(DG_BF16), 2);
@@ -32,6 +34,42 @@ static void test_dtypes(void) {
   }
   CHECK_EQ_INT(bad, 0);
   CHECK(isnan(dg_bf16_to_f32(dg_f32_to_bf16(NAN))));
+  test_nan_rule();
+}
+
+static float f32_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* One NaN rule for the scalar and the tensor paths (contiguous and strided):
+ * the canonical quiet NaN with the sign kept, payload dropped. */
+static void test_nan_rule(void) {
+  const uint32_t nans[4] = {0x7fc00000u, 0x7f800001u /* signalling */, 0xffc12345u,
+                            0xff800101u /* negative signalling */};
+  dg_ctx *ctx = NULL;
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  float v[4];
+  for (int i = 0; i < 4; i++) v[i] = f32_bits(nans[i]);
+  dg_tensor *x = dg_from_data(ctx, DG_F32, 2, (int64_t[]){2, 2}, v);
+  dg_tensor *xt = dg_transpose(ctx, x, 0, 1); /* strided: the element-wise path */
+  REQUIRE(x && xt);
+  for (int k = 0; k < 2; k++) {
+    dg_dtype dt = k ? DG_BF16 : DG_F16;
+    uint16_t q = k ? 0x7fc0 : 0x7e00;
+    dg_tensor *c = dg_to_dtype(ctx, x, dt), *ct = dg_to_dtype(ctx, xt, dt);
+    REQUIRE(c && ct);
+    const uint16_t *cd = dg_tensor_data(c), *ctd = dg_tensor_data(ct);
+    for (int i = 0; i < 4; i++) {
+      uint16_t want = (uint16_t)(q | (nans[i] >> 31 ? 0x8000 : 0));
+      uint16_t s = k ? dg_f32_to_bf16(v[i]) : dg_f32_to_f16(v[i]);
+      CHECK_EQ_INT(s, want);
+      CHECK_EQ_INT(cd[i], want);
+      CHECK_EQ_INT(ctd[(i % 2) * 2 + i / 2], want); /* xt[j][i] = x[i][j] */
+    }
+  }
+  dg_ctx_free(ctx);
 }
 
 static void test_persistent(void) {
