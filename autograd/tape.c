@@ -7,22 +7,50 @@
 
 #include "tensor/tensor_impl.h"
 
-static void store_clear_state(dg_params *ps) {
-  for (int i = 0; i < ps->n; i++) {
-    ps->first_use[i] = -1;
-    ps->fired[i] = 0;
-  }
+/* Grows ts's arrays to n parameters; new entries start unused. */
+static int tstore_grow(dg_tape_store *ts, int n) {
+  if (n <= ts->cap) return DG_OK;
+  int cap = ts->cap ? ts->cap : 16;
+  while (cap < n) cap *= 2;
+  int *fu = dg__realloc(ts->first_use, (size_t)cap * sizeof *fu);
+  if (fu) ts->first_use = fu;
+  uint8_t *r = fu ? dg__realloc(ts->reached, (size_t)cap) : NULL;
+  if (r) ts->reached = r;
+  uint8_t *f = r ? dg__realloc(ts->fired, (size_t)cap) : NULL;
+  if (!f) return DG_ENOMEM;
+  ts->fired = f;
+  for (int i = ts->cap; i < cap; i++) ts->first_use[i] = -1, ts->reached[i] = ts->fired[i] = 0;
+  ts->cap = cap;
+  return DG_OK;
 }
 
-static int involve_store(dg_ctx *ctx, dg_params *ps) {
+static dg_tape_store *find_store(dg_ctx *ctx, const dg_params *ps) {
   for (int i = 0; i < ctx->nstores; i++)
-    if (ctx->stores[i] == ps) return DG_OK;
-  if (ctx->nstores == DG_MAX_STORES)
-    return dg__set_error(ctx, DG_EINVAL, "autograd: more than %d parameter stores in one tape",
-                         DG_MAX_STORES);
-  store_clear_state(ps);
-  ctx->stores[ctx->nstores++] = ps;
-  return DG_OK;
+    if (ctx->stores[i].ps == ps) return &ctx->stores[i];
+  return NULL;
+}
+
+/* ps's state on ctx's tape, added (cleared) on first use; NULL with the
+ * error recorded when there are too many stores or no memory. */
+static dg_tape_store *involve_store(dg_ctx *ctx, dg_params *ps) {
+  dg_tape_store *ts = find_store(ctx, ps);
+  if (!ts) {
+    if (ctx->nstores == DG_MAX_STORES) {
+      dg__set_error(ctx, DG_EINVAL, "autograd: more than %d parameter stores in one tape",
+                    DG_MAX_STORES);
+      return NULL;
+    }
+    ts = &ctx->stores[ctx->nstores];
+    if (tstore_grow(ts, ps->n)) goto nomem;
+    for (int i = 0; i < ts->cap; i++) ts->first_use[i] = -1, ts->reached[i] = ts->fired[i] = 0;
+    ts->ps = ps;
+    ctx->nstores++;
+  }
+  if (tstore_grow(ts, ps->n)) goto nomem; /* parameters added mid-tape */
+  return ts;
+nomem:
+  dg__set_error(ctx, DG_ENOMEM, "autograd: out of memory for the tape's parameter state");
+  return NULL;
 }
 
 int dg__needs_grad(dg_ctx *ctx, int nin, dg_tensor *const *in) {
@@ -63,8 +91,9 @@ dg_node *dg__record(dg_ctx *ctx, const char *op, dg_backward_fn fn, dg_tensor *o
     dg_tensor *t = in[i];
     n->in[i] = t;
     if (t && t->params && t->param_id >= 0) {
-      if (involve_store(ctx, t->params)) return NULL;
-      if (t->params->first_use[t->param_id] < 0) t->params->first_use[t->param_id] = n->index;
+      dg_tape_store *ts = involve_store(ctx, t->params);
+      if (!ts) return NULL;
+      if (ts->first_use[t->param_id] < 0) ts->first_use[t->param_id] = n->index;
     }
   }
   n->release_out = out->node == NULL; /* several nodes may share one out */
@@ -242,9 +271,41 @@ int dg_ctx_attach_params(dg_ctx *ctx, dg_params *ps) {
   if (!ctx || !ps) return DG_EINVAL;
   for (int i = 0; i < ctx->nattached; i++)
     if (ctx->attached[i] == ps) return DG_OK;
-  if (ctx->nattached == DG_MAX_STORES) return DG_EINVAL;
+  if (ctx->nattached == DG_MAX_STORES)
+    return dg__set_error(ctx, DG_EINVAL, "attach_params: already %d stores attached",
+                         DG_MAX_STORES);
+  if (ps->nattached_to == DG_MAX_STORES)
+    return dg__set_error(ctx, DG_EINVAL, "attach_params: the store is attached to %d contexts",
+                         DG_MAX_STORES);
   ctx->attached[ctx->nattached++] = ps;
+  ps->attached_to[ps->nattached_to++] = ctx;
   return DG_OK;
+}
+
+static int remove_ptr(void **list, int *n, const void *p) {
+  for (int i = 0; i < *n; i++) {
+    if (list[i] != p) continue;
+    list[i] = list[--*n];
+    return 1;
+  }
+  return 0;
+}
+
+int dg_ctx_detach_params(dg_ctx *ctx, dg_params *ps) {
+  if (!ctx || !ps) return DG_EINVAL;
+  if (ctx->in_backward)
+    return dg__set_error(ctx, DG_ESTATE, "detach_params: called from a backward hook");
+  if (!remove_ptr((void **)ctx->attached, &ctx->nattached, ps)) return DG_ENOTFOUND;
+  remove_ptr((void **)ps->attached_to, &ps->nattached_to, ctx);
+  return DG_OK;
+}
+
+void dg__params_detach_all(dg_params *ps) {
+  while (ps->nattached_to) {
+    dg_ctx *ctx = ps->attached_to[0];
+    remove_ptr((void **)ctx->attached, &ctx->nattached, ps);
+    remove_ptr((void **)ps->attached_to, &ps->nattached_to, ctx);
+  }
 }
 
 int dg_set_grad_enabled(dg_ctx *ctx, int on) {
@@ -262,14 +323,6 @@ int dg_param_reached(const dg_params *ps, int i) {
 int dg_params_unreached_count(const dg_params *ps) { return ps ? ps->unreached : 0; }
 
 /* ---- backward ---- */
-
-static void fire_ready(dg_ctx *ctx, dg_params *ps, int id, int reached) {
-  if (ps->fired[id] || !ps->trainable[id]) return;
-  dg__param_grad_materialize(ps->t[id]); /* stale = nothing was written */
-  ps->fired[id] = 1;
-  for (int h = 0; h < ctx->nready_hooks; h++)
-    ctx->ready_hooks[h].ready(ctx->ready_hooks[h].user, ps, id, reached);
-}
 
 /* Gradient buffers with several writers in one node. An op's backward may
  * overwrite (=) a stale (logically zero) input gradient instead of adding,
@@ -292,6 +345,15 @@ static int prepare_inputs(dg_ctx *ctx, dg_node *n) {
   return empty;
 }
 
+static void fire_ready(dg_ctx *ctx, dg_tape_store *ts, int id, int reached) {
+  dg_params *ps = ts->ps;
+  if (ts->fired[id] || !ps->trainable[id]) return;
+  dg__param_grad_materialize(ps->t[id]); /* stale = nothing was written */
+  ts->fired[id] = 1;
+  for (int h = 0; h < ctx->nready_hooks; h++)
+    ctx->ready_hooks[h].ready(ctx->ready_hooks[h].user, ps, id, reached);
+}
+
 static int run_node(dg_ctx *ctx, dg_node *n) {
   if (!n->out->grad) return DG_OK; /* not reached from the loss */
   int rc = prepare_inputs(ctx, n);
@@ -306,19 +368,23 @@ static int run_node(dg_ctx *ctx, dg_node *n) {
   for (int k = 0; k < n->nin; k++) {
     dg_tensor *t = n->in[k];
     if (t && t->params && t->param_id >= 0 && t->params->trainable[t->param_id])
-      t->params->reached[t->param_id] = 1;
+      find_store(ctx, t->params)->reached[t->param_id] = 1;
   }
   return DG_OK;
 }
 
+/* Fires the hooks of parameters backward never reached and publishes the
+ * outcome on each store (dg_param_reached). */
 static void finish_stores(dg_ctx *ctx) {
   for (int s = 0; s < ctx->nstores; s++) {
-    dg_params *ps = ctx->stores[s];
+    dg_tape_store *ts = &ctx->stores[s];
+    dg_params *ps = ts->ps;
     ps->unreached = 0;
     for (int i = 0; i < ps->n; i++) {
+      ps->reached[i] = ts->reached[i];
       if (!ps->trainable[i]) continue;
-      if (!ps->fired[i]) fire_ready(ctx, ps, i, 0);
-      if (!ps->reached[i]) ps->unreached++;
+      if (!ts->fired[i]) fire_ready(ctx, ts, i, 0);
+      if (!ts->reached[i]) ps->unreached++;
     }
   }
 }
@@ -330,8 +396,9 @@ static int walk(dg_ctx *ctx) {
     if (rc) return rc;
     for (int k = 0; k < n->nin; k++) {
       dg_tensor *t = n->in[k];
-      if (t && t->params && t->param_id >= 0 && t->params->first_use[t->param_id] == i)
-        fire_ready(ctx, t->params, t->param_id, t->params->reached[t->param_id]);
+      if (!t || !t->params || t->param_id < 0) continue;
+      dg_tape_store *ts = find_store(ctx, t->params);
+      if (ts->first_use[t->param_id] == i) fire_ready(ctx, ts, t->param_id, ts->reached[t->param_id]);
     }
   }
   return DG_OK;
@@ -361,13 +428,12 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
                          dg__shape_str(grad_out, b, sizeof b), dg__shape_str(out, a, sizeof a));
   }
   for (int i = 0; i < ctx->nattached; i++)
-    if (involve_store(ctx, ctx->attached[i])) return ctx->err;
+    if (!involve_store(ctx, ctx->attached[i])) return ctx->err;
   for (int s = 0; s < ctx->nstores; s++) {
     /* pending updates read the gradients this backward will overwrite */
-    int e = dg__params_flush(ctx->stores[s], DG__GATE_BACKWARD);
+    int e = dg__params_flush(ctx->stores[s].ps, DG__GATE_BACKWARD);
     if (e) return dg__set_error(ctx, e, "backward: a pending parameter update failed (%s)",
                                 dg_strerror(e));
-    memset(ctx->stores[s]->reached, 0, (size_t)ctx->stores[s]->n);
   }
   float *g = dg__grad_buf(ctx, out);
   if (!g) return ctx->err ? ctx->err : DG_ENOMEM;
@@ -384,7 +450,6 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
     rc = ctx->end_hooks[h].end(ctx->end_hooks[h].user, ctx);
   ctx->in_backward = 0;
   dg_set_grad_enabled(ctx, prev);
-  for (int s = 0; s < ctx->nstores; s++) store_clear_state(ctx->stores[s]);
   ctx->nstores = 0;
   for (int i = 0; i < ctx->ntape; i++) ctx->tape[i]->consumed = 1;
   ctx->ntape = 0;

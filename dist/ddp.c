@@ -258,6 +258,7 @@ static int setup(dg_ddp *d) {
   d->end_id = d->ready_id > 0 ? dg_ctx_add_backward_end_hook(d->ctx, on_end, d) : d->ready_id;
   if (d->end_id > 0) rc = dg_ctx_attach_params(d->ctx, d->ps);
   else rc = d->end_id;
+  d->attached = rc == DG_OK;
   if (!rc) dg__params_set_gate(d->ps, dg__ddp_gate, d);
   if (rc) return dg__ddp_fail(d, rc, "ddp_new: installing the autograd hooks failed (%s)",
                               dg_strerror(rc));
@@ -321,6 +322,7 @@ void dg_ddp_free(dg_ddp *d) {
   }
   if (d->ready_id > 0) dg_ctx_remove_hook(d->ctx, d->ready_id);
   if (d->end_id > 0) dg_ctx_remove_hook(d->ctx, d->end_id);
+  if (d->attached) dg_ctx_detach_params(d->ctx, d->ps);
   dg__ddp_end_round(d);
   if (d->count_work) dg_work_free(d->count_work);
   if (d->shmg) {

@@ -26,6 +26,7 @@ struct dg_ddp {
   dg_ddp_opts opts;
   dg_ddp_comm_hook hook;
   int ready_id, end_id;
+  int attached; /* this DDP attached ps to ctx: free detaches it */
   /* buckets */
   int nparams;        /* parameters in the store */
   int ntrain;         /* trainable parameters (in buckets) */

@@ -36,6 +36,17 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
   meson test -C build-asan --print-errorlogs --num-processes "$jobs" \
   --no-suite interop --timeout-multiplier 3 || status=1
 
+# ThreadSanitizer over the tests that run one store from several threads
+# (forwards on two contexts at once): only those targets are built.
+tsan_tests=(test_tape_ctx)
+meson setup build-tsan --buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false \
+  -Dbench=false -Dexamples=false --wipe >/dev/null 2>&1 ||
+  meson setup build-tsan --buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false \
+    -Dbench=false -Dexamples=false
+ninja -C build-tsan "${tsan_tests[@]/#/tests/unit/}"
+TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --no-rebuild --print-errorlogs \
+  "${tsan_tests[@]}" || status=1
+
 python3 scripts/summary.py build-test/meson-logs/testlog.json \
-  build-asan/meson-logs/testlog.json || status=1
+  build-asan/meson-logs/testlog.json build-tsan/meson-logs/testlog.json || status=1
 exit $status

@@ -27,6 +27,12 @@ int dg_ctx_new(dg_ctx **out, const dg_ctx_opts *opts) {
 
 void dg_ctx_free(dg_ctx *ctx) {
   if (!ctx) return;
+  while (ctx->nattached) dg_ctx_detach_params(ctx, ctx->attached[0]);
+  for (int s = 0; s < DG_MAX_STORES; s++) {
+    dg__free(ctx->stores[s].first_use);
+    dg__free(ctx->stores[s].reached);
+    dg__free(ctx->stores[s].fired);
+  }
   dg__arena_free(&ctx->arena);
   dg__free(ctx->tape);
   dg__free(ctx);
@@ -35,12 +41,7 @@ void dg_ctx_free(dg_ctx *ctx) {
 void dg_ctx_reset(dg_ctx *ctx) {
   if (!ctx) return;
   ctx->ntape = 0;
-  /* a forward without backward leaves first-use marks behind */
-  for (int s = 0; s < ctx->nstores; s++) {
-    dg_params *ps = ctx->stores[s];
-    for (int i = 0; i < ps->n; i++) ps->first_use[i] = -1, ps->fired[i] = 0;
-  }
-  ctx->nstores = 0;
+  ctx->nstores = 0; /* the tape's per-store state goes with it */
   memset(ctx->gpool, 0, sizeof ctx->gpool); /* its blocks were arena memory */
   dg__arena_reset(&ctx->arena);
   ctx->err = DG_OK;

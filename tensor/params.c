@@ -14,6 +14,12 @@ int dg_params_new(dg_params **out) {
 
 void dg_params_free(dg_params *ps) {
   if (!ps) return;
+  if (ps->nattached_to) {
+    /* reported, and made safe: the contexts forget the store */
+    DG_LOGE("params_free: the store is still attached to %d context(s); detaching it (call "
+            "dg_ctx_detach_params, or free the DDP that attached it, first)", ps->nattached_to);
+    dg__params_detach_all(ps);
+  }
   for (int i = 0; i < ps->n; i++) {
     dg__free(ps->t[i]->grad);
     dg__free(ps->t[i]);
@@ -23,9 +29,7 @@ void dg_params_free(dg_params *ps) {
   dg__free(ps->names);
   dg__free(ps->offset);
   dg__free(ps->trainable);
-  dg__free(ps->first_use);
   dg__free(ps->reached);
-  dg__free(ps->fired);
   dg__free(ps->companions);
   if (ps->data) dg__dev_free(DG_CPU, ps->data, ps->total * sizeof(float));
   if (ps->grad && !ps->grad_lent) dg__dev_free(DG_CPU, ps->grad, ps->total * sizeof(float));
@@ -45,9 +49,7 @@ static int grow_arrays(dg_params *ps) {
   GROW(names);
   GROW(offset);
   GROW(trainable);
-  GROW(first_use);
   GROW(reached);
-  GROW(fired);
 #undef GROW
   ps->cap = cap;
   return DG_OK;
@@ -132,8 +134,7 @@ int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shap
   ps->names[id] = nm;
   ps->offset[id] = off;
   ps->trainable[id] = 1;
-  ps->first_use[id] = -1;
-  ps->reached[id] = ps->fired[id] = 0;
+  ps->reached[id] = 0;
   ps->n++;
   size_t cap = ps->total;
   /* a store of zero-element parameters still gets buffers: every view has

@@ -339,6 +339,8 @@ static void convert(void *dst, dg_dtype ddt, const dg_tensor *src) {
 
 dg_tensor *dg_to_dtype(dg_ctx *ctx, dg_tensor *t, dg_dtype dt) {
   if (!ctx || dg__null_input(ctx, "to_dtype", "t", t)) return NULL;
+  /* any dtype is accepted (no dg__check_f32), so the fence is explicit */
+  if ((t->flags & DG_TF_GATED) && dg__param_gate(ctx, "to_dtype", t)) return NULL;
   dg_tensor *o = dg__new(ctx, "to_dtype", dt, t->ndim, t->shape);
   if (o) convert(o->data, dt, t);
   return o;

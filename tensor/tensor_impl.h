@@ -102,6 +102,19 @@ typedef struct {
 #define DG_MAX_HOOKS 8
 #define DG_MAX_STORES 8
 
+/* One store's part of a context's current backward: which node first used
+ * each parameter (its gradient is final once backward passes that node),
+ * which parameters backward reached, which ready hooks fired. It lives on
+ * the context, so forwards on several contexts over one store (micro-batch
+ * i's tape pending while i+1's forward runs, or two threads) never write
+ * the store. The arrays are kept across steps and grown to the store. */
+typedef struct {
+  dg_params *ps;
+  int cap;
+  int *first_use; /* tape index, -1 when unused */
+  uint8_t *reached, *fired;
+} dg_tape_store;
+
 struct dg_ctx {
   dg_arena arena;
   int err;
@@ -110,7 +123,7 @@ struct dg_ctx {
   uint64_t rng_seed, rng_offset;
   dg_node **tape;
   int ntape, tape_cap;
-  dg_params *stores[DG_MAX_STORES]; /* involved in the current tape */
+  dg_tape_store stores[DG_MAX_STORES]; /* involved in the current tape */
   int nstores;
   dg_params *attached[DG_MAX_STORES];
   int nattached;
@@ -143,10 +156,11 @@ struct dg_params {
   size_t total;       /* floats allocated in each flat buffer */
   size_t used_total;  /* floats in use (end of the last parameter) */
   float *data, *grad; /* flat buffers */
-  /* per-backward state */
-  int *first_use;     /* tape index of the first node using param i, -1 */
-  uint8_t *reached, *fired;
+  /* the last backward's outcome (written when a backward ends) */
+  uint8_t *reached;
   int unreached;
+  dg_ctx *attached_to[DG_MAX_STORES]; /* contexts that attached the store */
+  int nattached_to;
   float **companions; /* buffers laid out like data (optimizer state) */
   int ncompanions;
   int grad_lent;      /* grad is someone else's memory (DDP's shared segment) */
@@ -251,6 +265,9 @@ int dg__params_lend_grad(dg_params *ps, float *buf);
 static inline int dg__wants_grad(const dg_tensor *t) {
   return t && (t->flags & DG_TF_REQUIRES_GRAD);
 }
+
+/* Forgets every context's attachment of ps (dg_params_free). */
+void dg__params_detach_all(dg_params *ps);
 
 /* ---- RNG ---- */
 void dg__philox(uint64_t seed, uint64_t counter, uint32_t out[4]);

@@ -51,10 +51,14 @@ int dg_ctx_add_backward_end_hook(dg_ctx *ctx, dg_backward_end_fn fn, void *user)
 int dg_ctx_set_saved_tensor_hooks(dg_ctx *ctx, dg_pack_fn pack, dg_unpack_fn unpack,
                                   void *user);
 int dg_ctx_remove_hook(dg_ctx *ctx, int id);
-/* Makes `ps` take part in every backward on this ctx, used or not. */
+/* Makes `ps` take part in every backward on this ctx, used or not, until
+ * dg_ctx_detach_params (DG_ENOTFOUND when not attached) or dg_ctx_free.
+ * Freeing a store that is still attached logs an error and detaches it. */
 int dg_ctx_attach_params(dg_ctx *ctx, dg_params *ps);
+int dg_ctx_detach_params(dg_ctx *ctx, dg_params *ps);
 
-/* After a backward: 1 when parameter i of ps received a gradient in it. */
+/* After a backward: 1 when parameter i of ps received a gradient in the
+ * last backward that involved ps (on any context). */
 int dg_param_reached(const dg_params *ps, int i);
 /* Number of trainable parameters the last backward did not reach. */
 int dg_params_unreached_count(const dg_params *ps);

@@ -108,11 +108,17 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
    * already be there), optimizer state included (what a checkpoint reads
    * first). */
   size_t n = 0, ns = 0;
-  float *seen = NULL, *state = NULL, *st0 = NULL;
+  float *seen = NULL, *state = NULL, *st0 = NULL, *conv = NULL;
   if (c->fwd && c->K > 1) {
     dg_optim_free(opt);
     opt = NULL;
   } else if (c->fwd) {
+    /* a conversion is an op: it must wait like any op (it read the
+     * previous step's weights while raw reads saw the new ones) */
+    dg_tensor *cv = dg_to_dtype(ctx, m->w1, DG_F32);
+    REQUIRE(cv);
+    conv = malloc((size_t)dg_tensor_numel(cv) * sizeof *conv);
+    memcpy(conv, dg_tensor_data(cv), (size_t)dg_tensor_numel(cv) * sizeof *conv);
     if (dg_optim_state_count(opt) > 0) {
       CHECK_OK(dg_optim_state_get(opt, 0, NULL, &st0, &ns));
       state = malloc(ns * sizeof *state);
@@ -126,6 +132,8 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
   }
   dg_ddp_free(ddp);
   if (seen) CHECK(memcmp(seen, dg_tensor_data(m->w1), n * sizeof *seen) == 0);
+  if (conv) CHECK(memcmp(conv, dg_tensor_data(m->w1), n * sizeof *conv) == 0);
+  free(conv);
   if (state) CHECK(memcmp(state, st0, ns * sizeof *state) == 0);
   free(seen);
   free(state);
