@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "dist/pg_impl.h"
-#include "dist/transport/net_impl.h"
+#include "dist/net/net_impl.h"
 #include "tensor/common_impl.h"
 
 #define CMA_SEG ((size_t)256 << 10) /* bytes read per call: stays in cache */

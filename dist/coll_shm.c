@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "dist/pg_impl.h"
-#include "dist/transport/net_impl.h"
+#include "dist/net/net_impl.h"
 #include "tensor/common_impl.h"
 
 #define SHM_CHUNK ((size_t)256 << 10) /* bytes per slot */

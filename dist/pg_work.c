@@ -7,7 +7,7 @@
 #include <time.h>
 
 #include "dist/pg_impl.h"
-#include "dist/transport/net_impl.h"
+#include "dist/net/net_impl.h"
 #include "tensor/common_impl.h"
 
 /* dgrad-only allreduce choice: latency-bound below this many bytes. */

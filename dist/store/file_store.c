@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "dist/store/store_impl.h"
-#include "dist/transport/net_impl.h"
+#include "dist/net/net_impl.h"
 #include "tensor/common_impl.h"
 
 typedef struct {

@@ -7,7 +7,7 @@
 
 #include "dist/store/kv_impl.h"
 #include "dist/store/store_impl.h"
-#include "dist/transport/net_impl.h"
+#include "dist/net/net_impl.h"
 #include "tensor/common_impl.h"
 
 typedef struct {

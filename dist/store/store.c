@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "dist/store/store_impl.h"
-#include "dist/transport/net_impl.h"
+#include "dist/net/net_impl.h"
 #include "tensor/common_impl.h"
 
 void dg__store_init(dg_store *s, const dg_store_vt *vt, int timeout_ms) {

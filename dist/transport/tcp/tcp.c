@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dist/transport/net_impl.h"
+#include "dist/net/net_impl.h"
 #include "dist/transport/tcp/tcp_impl.h"
 #include "tensor/common_impl.h"
 

@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dist/transport/net_impl.h"
+#include "dist/net/net_impl.h"
 #include "dist/transport/ucx/ucx_impl.h"
 #include "tensor/common_impl.h"
 

@@ -1,5 +1,5 @@
 /* Socket and clock helpers shared by the stores and the TCP transport. */
-#include "dist/transport/net_impl.h"
+#include "dist/net/net_impl.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

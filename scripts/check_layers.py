@@ -1,0 +1,129 @@
+"""Checks that dgrad's layers depend one way (docs/ARCHITECTURE.md).
+
+Every source and header of the library belongs to one layer; a file may
+include headers of its own layer and of lower layers only. An include that
+runs the wrong way fails the check, unless it is listed in KNOWN below with
+the reason it is still there; a KNOWN edge that no longer exists fails too,
+so the list only shrinks. Exit status 1 on any failure.
+
+Usage: python3 scripts/check_layers.py [repo root]
+"""
+import os
+import re
+import sys
+
+# Lowest first. A path belongs to the first layer with a matching prefix.
+LAYERS = [
+    ("core", ["tensor/common", "tensor/alloc", "tensor/arena", "tensor/ctx",
+              "tensor/tensor", "tensor/params", "tensor/rng", "tensor/threads",
+              "include/dgrad/common.h", "include/dgrad/tensor.h"]),
+    ("autograd", ["autograd/", "include/dgrad/autograd.h"]),
+    ("ops", ["tensor/cpu/", "include/dgrad/ops.h"]),
+    ("ckpt", ["nn/checkpoint", "include/dgrad/checkpoint.h"]),
+    ("nn", ["nn/", "include/dgrad/nn.h"]),
+    ("optim", ["optim/", "include/dgrad/optim.h"]),
+    ("data", ["data/", "include/dgrad/data.h"]),
+    ("dist.net", ["dist/net/", "include/dgrad/store.h"]),
+    ("dist.store", ["dist/store/"]),
+    ("dist.transport", ["dist/transport/"]),
+    ("dist.pg", ["dist/pg", "dist/coll_", "include/dgrad/dist.h"]),
+    ("dist.ddp", ["dist/ddp", "include/dgrad/ddp.h"]),
+    ("umbrella", ["include/dgrad.h"]),
+]
+# Dependency order, lowest first (checkpoints save modules, optimizers and
+# data-loader positions, so they sit above all three).
+ORDER = ["core", "autograd", "ops", "nn", "optim", "data", "ckpt", "dist.net",
+         "dist.store", "dist.transport", "dist.pg", "dist.ddp", "umbrella"]
+
+# Wrong-way edges still in the code: (from file, included header) -> why.
+# The architecture issue removes them; each removal deletes its line here.
+KNOWN = {
+    ("tensor/tensor_impl.h", "dgrad/autograd.h"):
+        "the tape (dg_node, hooks) is declared in the core's impl header",
+    ("tensor/tensor_impl.h", "dgrad/ops.h"):
+        "the core impl header pulls in every op declaration",
+}
+
+# Backend kernel headers: only the backend's own files include them (ops
+# and optimizers reach kernels through the backend interface).
+PRIVATE = {"tensor/cpu/cpu_impl.h": "tensor/cpu/"}
+KNOWN_PRIVATE = {
+    ("optim/optim.c", "tensor/cpu/cpu_impl.h"):
+        "the optimizer calls CPU kernels directly, not through a backend",
+}
+
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def layer_of(path):
+    for name, prefixes in LAYERS:
+        for p in prefixes:
+            if path.startswith(p):
+                return name
+    return None
+
+
+def sources(root):
+    for top in ("tensor", "autograd", "nn", "optim", "data", "dist", "include"):
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for f in files:
+                if f.endswith((".c", ".h")):
+                    full = os.path.join(dirpath, f)
+                    yield os.path.relpath(full, root)
+
+
+def resolve(root, src, inc):
+    """Repo-relative path of an included header, or None (system/generated)."""
+    for base in (root, os.path.join(root, "include"), os.path.dirname(os.path.join(root, src))):
+        cand = os.path.normpath(os.path.join(base, inc))
+        if os.path.exists(cand):
+            return os.path.relpath(cand, root)
+    return None
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    root = os.path.abspath(root)
+    rank = {name: i for i, name in enumerate(ORDER)}
+    bad, seen_known, unassigned = [], set(), []
+    for src in sorted(sources(root)):
+        ls = layer_of(src)
+        if ls is None:
+            unassigned.append(src)
+            continue
+        text = open(os.path.join(root, src), encoding="utf-8", errors="replace").read()
+        for inc in INCLUDE.findall(text):
+            dst = resolve(root, src, inc)
+            if dst is None:
+                continue
+            owner = PRIVATE.get(dst)
+            if owner and not src.startswith(owner):
+                if (src, inc) in KNOWN_PRIVATE:
+                    seen_known.add((src, inc))
+                else:
+                    bad.append(f"{src} includes {inc}: a backend's kernel header, private "
+                               f"to {owner}")
+            ld = layer_of(dst)
+            if ld is None or rank[ld] <= rank[ls]:
+                continue
+            key = (src, inc)
+            if key in KNOWN:
+                seen_known.add(key)
+                continue
+            bad.append(f"{src} ({ls}) includes {inc} ({ld}): a lower layer may not "
+                       f"depend on a higher one")
+    for key in list(KNOWN) + list(KNOWN_PRIVATE):
+        if key not in seen_known:
+            bad.append(f"KNOWN edge {key[0]} -> {key[1]} no longer exists: delete it from "
+                       f"scripts/check_layers.py")
+    for src in unassigned:
+        bad.append(f"{src}: belongs to no layer (add it to LAYERS in scripts/check_layers.py)")
+    for line in bad:
+        print("layers:", line)
+    print(f"layers: {len(ORDER)} layers, {len(KNOWN) + len(KNOWN_PRIVATE)} known wrong-way edges, "
+          f"{len(bad)} problem(s)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
