@@ -64,12 +64,17 @@ dg_tensor *dg_reshape(dg_ctx *ctx, dg_tensor *x, int ndim, const int64_t *shape)
     if (shape[i] == -1 && infer < 0) infer = i, sh[i] = 1;
     else if (shape[i] < 0) bad = 1;
   }
-  /* the known sizes' product, checked for overflow (-1 when it overflows) */
+  /* the known sizes' product; a shape no tensor can have (a negative size,
+   * or a byte size that overflows) is an invalid argument, not a mismatch */
   int64_t known = bad ? -1 : dg__shape_numel(ndim, sh, sizeof(float));
-  if (known >= 0 && infer >= 0 && known > 0 && n % known == 0) sh[infer] = n / known;
-  else if (infer >= 0) known = -1;
-  if (known < 0 || dg__shape_numel(ndim, sh, 1) != n) {
-    char sr[DG_MAX_DIMS * 22 + 4];
+  char sr[DG_MAX_DIMS * 22 + 4];
+  if (known < 0) {
+    dg__set_error(ctx, DG_EINVAL, "reshape: %s is not a valid shape (negative size or byte "
+                  "size overflow)", dg__dims_str(ndim, shape, sr, sizeof sr));
+    return NULL;
+  }
+  if (infer >= 0 && known > 0 && n % known == 0) sh[infer] = n / known;
+  if ((infer >= 0 && (known == 0 || n % known)) || dg__shape_numel(ndim, sh, 1) != n) {
     dg__set_error(ctx, DG_ESHAPE, "reshape: cannot view %s (%lld elements) as %s",
                   dg__shape_str(x, sx, sizeof sx), (long long)n,
                   dg__dims_str(ndim, shape, sr, sizeof sr));
