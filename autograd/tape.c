@@ -431,7 +431,7 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
     if (!involve_store(ctx, ctx->attached[i])) return ctx->err;
   for (int s = 0; s < ctx->nstores; s++) {
     /* pending updates read the gradients this backward will overwrite */
-    int e = dg__params_flush(ctx->stores[s].ps, DG__GATE_BACKWARD);
+    int e = dg__params_flush(ctx->stores[s].ps, DG__SETTLE_BACKWARD);
     if (e) return dg__set_error(ctx, e, "backward: a pending parameter update failed (%s)",
                                 dg_strerror(e));
   }

@@ -234,7 +234,7 @@ static int setup(dg_ddp *d) {
   for (int i = 0; i < d->nparams; i++) d->ntrain += dg_params_trainable(d->ps, i) != 0;
   if (d->ntrain == 0)
     return dg__ddp_fail(d, DG_EINVAL, "ddp_new: the store has no trainable parameter");
-  if (d->ps->gate)
+  if (dg__params_has_writer(d->ps, NULL))
     return dg__ddp_fail(d, DG_ESTATE, "ddp_new: another DDP wraps this parameter store");
   if (d->opts.accum_steps < 0 || d->opts.nbuffers < 0 || (d->opts.nbuffers && !d->opts.buffers))
     return dg__ddp_fail(d, DG_EINVAL, "ddp_new: invalid options (accum_steps %d, nbuffers %d)",
@@ -259,7 +259,7 @@ static int setup(dg_ddp *d) {
   if (d->end_id > 0) rc = dg_ctx_attach_params(d->ctx, d->ps);
   else rc = d->end_id;
   d->attached = rc == DG_OK;
-  if (!rc) dg__params_set_gate(d->ps, dg__ddp_gate, d);
+  if (!rc) dg__params_set_writer(d->ps, dg__ddp_settle, d);
   if (rc) return dg__ddp_fail(d, rc, "ddp_new: installing the autograd hooks failed (%s)",
                               dg_strerror(rc));
   return DG_OK;
@@ -296,29 +296,26 @@ static void release_opt(void *owner) {
     DG_LOGE("optim_free: rank %d: DDP's pending update failed and is dropped: %s", d->rank,
             d->errmsg);
     d->pending = 0;
-    for (int i = 0; i < d->nparams; i++) dg_params_get(d->ps, i)->flags &= ~(uint32_t)DG_TF_GATED;
+    for (int i = 0; i < d->nparams; i++) dg__param_set_pending(d->ps, i, 0);
   }
   d->opt = NULL;
-  d->ps->update_owned = 0;
+  dg__params_set_update_owned(d->ps, 0);
 }
 
 static void own(dg_ddp *d, dg_optim *o, int on) {
-  o->ddp_owned = on;
-  o->owner_release = on ? release_opt : NULL;
-  o->owner = on ? d : NULL;
+  char err[160];
+  (void)dg__optim_set_owner(o, d->ps, on ? d : NULL, release_opt, err, sizeof err);
 }
 
 void dg_ddp_free(dg_ddp *d) {
   if (!d) return;
   if (d->pending && dg__ddp_land_all(d))
     DG_LOGE("ddp_free: rank %d: the last update was not applied: %s", d->rank, d->errmsg);
-  if (d->ps->gate_user == d) { /* (a DDP refused for this store installed none) */
-    dg__params_set_gate(d->ps, NULL, NULL);
-    for (int i = 0; i < d->nparams; i++) dg_params_get(d->ps, i)->flags &= ~(uint32_t)DG_TF_GATED;
-  }
+  if (dg__params_has_writer(d->ps, d)) /* (a DDP refused for this store installed none) */
+    dg__params_set_writer(d->ps, NULL, NULL); /* clears the pending flags too */
   if (d->opt) {
     own(d, d->opt, 0);
-    d->ps->update_owned = 0;
+    dg__params_set_update_owned(d->ps, 0);
   }
   if (d->ready_id > 0) dg_ctx_remove_hook(d->ctx, d->ready_id);
   if (d->end_id > 0) dg_ctx_remove_hook(d->ctx, d->end_id);
@@ -409,16 +406,12 @@ int dg_ddp_overlap_optimizer(dg_ddp *d, dg_optim *opt) {
   if (opt && opt == d->opt) return DG_OK;
   if (d->in_step || d->pending)
     return dg__ddp_fail(d, DG_ESTATE, "ddp_overlap_optimizer: called inside a step");
-  if (opt && opt->ps != d->ps)
-    return dg__ddp_fail(d, DG_EINVAL, "ddp_overlap_optimizer: the optimizer (%s) updates "
-                        "another parameter store", opt->name);
-  if (opt && (opt->ddp_owned || opt->fused_ctx))
-    return dg__ddp_fail(d, DG_ESTATE, "ddp_overlap_optimizer: the optimizer (%s) is already "
-                        "stepped by %s", opt->name, opt->fused_ctx ? "backward" : "a DDP");
+  char err[160];
+  int rc = opt ? dg__optim_set_owner(opt, d->ps, d, release_opt, err, sizeof err) : DG_OK;
+  if (rc) return dg__ddp_fail(d, rc, "ddp_overlap_optimizer: %s", err);
   if (d->opt) own(d, d->opt, 0);
   d->opt = opt;
-  if (opt) own(d, opt, 1);
-  d->ps->update_owned = opt != NULL;
+  dg__params_set_update_owned(d->ps, opt != NULL);
   return DG_OK;
 }
 

@@ -130,8 +130,8 @@ int dg__ddp_verify(dg_ddp *d);
 int dg__ddp_broadcast_state(dg_ddp *d, int root, int with_buffers);
 
 /* ddp_overlap.c: the update overlapping the next forward. */
-/* The store's gate: brings parameter i (or all) up to date. */
-int dg__ddp_gate(void *user, dg_params *ps, int i, char *err, size_t cap);
+/* The store's pending writer: brings parameter i (or all) up to date. */
+int dg__ddp_settle(void *user, dg_params *ps, int i, char *err, size_t cap);
 /* At the end of a synchronising backward: counts the optimizer step and
  * leaves the buckets to finish on demand (or, on the first step, before the
  * rebuild, and with one rank, finishes and applies them now). */

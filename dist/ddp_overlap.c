@@ -1,9 +1,10 @@
 /* DDP with the optimizer step overlapping the next forward
  * (dg_ddp_overlap_optimizer). Backward only publishes its buckets; the
- * all-reduces run on. Every trainable parameter is flagged DG_TF_GATED and
- * the first op that reads one (dg__check_f32, a view, raw access) comes
- * through the store's gate here: its bucket's average is waited for, the
- * optimizer updates that bucket's parameters, and their flags drop. The
+ * all-reduces run on. DDP is the store's pending writer: every trainable
+ * parameter is marked pending, and the first read of one (at the core's
+ * fence: an op's input check, a view, a conversion, raw access) comes here:
+ * its bucket's average is waited for, the optimizer updates that bucket's
+ * parameters, and their pending marks clear. The
  * forward reads the first layer first, whose bucket is ready last, so the
  * shared-memory engines average the bucket the forward needs first.
  * Parameters nothing read are brought up to date before the next backward
@@ -16,13 +17,13 @@
 #include "optim/optim_impl.h"
 #include "tensor/tensor_impl.h"
 
-/* Updates bucket k's parameters (their average is final); lifts their gates. */
+/* Updates bucket k's parameters (their average is final); clears their pending marks. */
 static void apply(dg_ddp *d, int k) {
   dg__ddp_bucket *b = &d->b[k];
   dg__optim_step_span(d->opt, b->lo, b->hi, d->pend_lr);
   b->applied = 1;
   for (int i = 0; i < d->nparams; i++)
-    if (d->pbucket[i] == k) dg_params_get(d->ps, i)->flags &= ~(uint32_t)DG_TF_GATED;
+    if (d->pbucket[i] == k) dg__param_set_pending(d->ps, i, 0);
 }
 
 /* Finishes and applies bucket k (hooks finish earlier buckets with it). */
@@ -59,7 +60,7 @@ int dg__ddp_defer_step(dg_ddp *d) {
     return dg__ddp_fail(d, rc, "ddp: rank %d: the optimizer's parameter store changed after "
                         "it was created", d->rank);
   }
-  d->pend_lr = d->opt->lr; /* a schedule may set the next rate before the update lands */
+  d->pend_lr = dg_optim_get_lr(d->opt); /* a schedule may set the next rate before the update lands */
   if (d->world == 1 || (!d->rebuilt && !d->opts.static_buckets)) {
     /* one rank has nothing to wait for; the first step re-lays the store
      * out (the rebuild), so its buckets must be final first */
@@ -81,11 +82,11 @@ int dg__ddp_defer_step(dg_ddp *d) {
   d->pending = 1;
   d->st.overlapped_steps++;
   for (int i = 0; i < d->nparams; i++)
-    if (d->pbucket[i] >= 0) dg_params_get(d->ps, i)->flags |= DG_TF_GATED;
+    if (d->pbucket[i] >= 0) dg__param_set_pending(d->ps, i, 1);
   return DG_OK;
 }
 
-int dg__ddp_gate(void *user, dg_params *ps, int i, char *err, size_t cap) {
+int dg__ddp_settle(void *user, dg_params *ps, int i, char *err, size_t cap) {
   dg_ddp *d = user;
   if (d->in_gate || ps != d->ps) return DG_OK;
   d->in_gate = 1;
@@ -95,7 +96,7 @@ int dg__ddp_gate(void *user, dg_params *ps, int i, char *err, size_t cap) {
     if (i < 0) rc = dg__ddp_land_all(d);
     else if (k >= 0 && !d->b[k].applied) rc = land(d, k);
   }
-  if (!rc && i == DG__GATE_BACKWARD && d->zero_due) {
+  if (!rc && i == DG__SETTLE_BACKWARD && d->zero_due) {
     d->zero_due = 0; /* what dg_params_zero_grad after dg_optim_step does */
     dg_params_zero_grad(ps);
   }

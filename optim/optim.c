@@ -150,7 +150,7 @@ float dg_optim_get_lr(const dg_optim *o) { return o ? o->lr : 0.0f; }
 int64_t dg_optim_step_count(const dg_optim *o) { return o ? o->step : 0; }
 int dg_optim_set_step(dg_optim *o, int64_t step) {
   if (!o || step < 0) return DG_EINVAL;
-  (void)dg__params_flush(o->ps, DG__GATE_ALL); /* a pending update has its step */
+  (void)dg__params_flush(o->ps, DG__SETTLE_ALL); /* a pending update has its step */
   o->step = step;
   return DG_OK;
 }
@@ -159,7 +159,7 @@ int dg_optim_state_count(const dg_optim *o) { return o ? o->nstate : 0; }
 
 int dg_optim_state_get(dg_optim *o, int k, const char **name, float **buf, size_t *n) {
   if (!o || k < 0 || k >= o->nstate) return DG_EINVAL;
-  (void)dg__params_flush(o->ps, DG__GATE_ALL); /* a pending DDP update moves it */
+  (void)dg__params_flush(o->ps, DG__SETTLE_ALL); /* a pending DDP update moves it */
   if (name) *name = o->state_name[k];
   if (buf) *buf = o->state[k];
   if (n) *n = o->n;
@@ -280,4 +280,21 @@ dg__optim_range_fn dg__optim_range(const dg_optim *o) {
   if (o->kind == DG__OPT_SGD) return sgd_range;
   if (o->kind == DG__OPT_ADAMW) return adamw_range;
   return NULL;
+}
+
+int dg__optim_set_owner(dg_optim *o, dg_params *ps, void *owner, void (*release)(void *owner),
+                        char *err, size_t cap) {
+  if (owner && o->ps != ps) {
+    snprintf(err, cap, "the optimizer (%s) updates another parameter store", o->name);
+    return DG_EINVAL;
+  }
+  if (owner && ((o->ddp_owned && o->owner != owner) || o->fused_ctx)) {
+    snprintf(err, cap, "the optimizer (%s) is already stepped by %s", o->name,
+             o->fused_ctx ? "backward" : "a DDP");
+    return DG_ESTATE;
+  }
+  o->ddp_owned = owner != NULL;
+  o->owner_release = owner ? release : NULL;
+  o->owner = owner;
+  return DG_OK;
 }

@@ -68,6 +68,14 @@ void dg__lars_param(struct dg_optim *o, int excluded, float *w, const float *g, 
 int dg__optim_begin_step(struct dg_optim *o);
 void dg__optim_step_span(struct dg_optim *o, size_t lo, size_t hi, float lr);
 
+/* Hands the optimizer's steps to an owner (a DDP applying them bucket by
+ * bucket), or takes them back with owner NULL. release(owner) runs when the
+ * optimizer is freed first. DG_ESTATE (message in err) when another owner
+ * or a fused backward already steps it, DG_EINVAL when it updates a store
+ * other than ps. */
+int dg__optim_set_owner(struct dg_optim *o, dg_params *ps, void *owner,
+                        void (*release)(void *owner), char *err, size_t cap);
+
 /* Element range [lo, hi) of parameter i in the flat buffers. */
 void dg__optim_param_range(const dg_optim *o, int i, size_t *lo, size_t *hi);
 

@@ -187,26 +187,42 @@ size_t dg_params_offset(const dg_params *ps, int i) {
   return (ps && i >= 0 && i < ps->n) ? ps->offset[i] : 0;
 }
 
-void dg__params_set_gate(dg_params *ps, dg__gate_fn fn, void *user) {
-  ps->gate = fn;
-  ps->gate_user = user;
+void dg__params_set_writer(dg_params *ps, dg__writer_fn fn, void *user) {
+  ps->writer = fn;
+  ps->writer_user = user;
+  if (!fn)
+    for (int i = 0; i < ps->n; i++) ps->t[i]->flags &= ~(uint32_t)DG_TF_PENDING;
+}
+
+int dg__params_has_writer(const dg_params *ps, const void *user) {
+  return ps && ps->writer && (!user || ps->writer_user == user);
+}
+
+void dg__param_set_pending(dg_params *ps, int i, int on) {
+  if (!ps || i < 0 || i >= ps->n) return;
+  if (on) ps->t[i]->flags |= DG_TF_PENDING;
+  else ps->t[i]->flags &= ~(uint32_t)DG_TF_PENDING;
+}
+
+void dg__params_set_update_owned(dg_params *ps, int on) {
+  if (ps) ps->update_owned = !!on;
 }
 
 int dg__params_flush(dg_params *ps, int i) {
-  if (!ps || !ps->gate) return DG_OK;
+  if (!ps || !ps->writer) return DG_OK;
   char err[512];
   err[0] = '\0';
-  int rc = ps->gate(ps->gate_user, ps, i, err, sizeof err);
+  int rc = ps->writer(ps->writer_user, ps, i, err, sizeof err);
   if (rc) DG_LOGE("%s", err[0] ? err : "parameter update failed");
   return rc;
 }
 
-int dg__param_gate(dg_ctx *ctx, const char *op, const dg_tensor *t) {
+int dg__fence(dg_ctx *ctx, const char *op, const dg_tensor *t) {
   dg_params *ps = t->params;
-  if (!ps || !ps->gate) return DG_OK;
+  if (!ps || !ps->writer) return DG_OK;
   char err[400];
   err[0] = '\0';
-  int rc = ps->gate(ps->gate_user, ps, t->param_id, err, sizeof err);
+  int rc = ps->writer(ps->writer_user, ps, t->param_id, err, sizeof err);
   if (rc && ctx && !ctx->err)
     dg__set_error(ctx, rc, "%s: the pending update of parameter %s failed: %s", op,
                   ps->names[t->param_id], err);
@@ -215,7 +231,7 @@ int dg__param_gate(dg_ctx *ctx, const char *op, const dg_tensor *t) {
 
 /* Raw access hands out values and gradients: pending updates land first. */
 float *dg_params_data(dg_params *ps, size_t *n) {
-  (void)dg__params_flush(ps, DG__GATE_ALL);
+  (void)dg__params_flush(ps, DG__SETTLE_ALL);
   if (n) *n = ps ? ps->used_total : 0;
   return ps ? ps->data : NULL;
 }
@@ -231,7 +247,7 @@ float *dg__params_grad_raw(dg_params *ps) { return ps ? ps->grad : NULL; }
 float *dg_params_grad(dg_params *ps, size_t *n) {
   if (n) *n = ps ? ps->used_total : 0;
   if (!ps) return NULL;
-  (void)dg__params_flush(ps, DG__GATE_ALL);
+  (void)dg__params_flush(ps, DG__SETTLE_ALL);
   for (int i = 0; i < ps->n; i++) dg__param_grad_materialize(ps->t[i]);
   return ps->grad;
 }
@@ -242,7 +258,7 @@ float *dg_params_grad(dg_params *ps, size_t *n) {
  * dg_tensor_grad, backward's unreached parameters) zeroes it first. */
 void dg_params_zero_grad(dg_params *ps) {
   if (!ps) return;
-  (void)dg__params_flush(ps, DG__GATE_ALL); /* a pending update reads them */
+  (void)dg__params_flush(ps, DG__SETTLE_ALL); /* a pending update reads them */
   for (int i = 0; i < ps->n; i++) ps->t[i]->flags |= DG_TF_GRAD_STALE;
 }
 

@@ -20,9 +20,10 @@ enum {
    * first writer overwrites instead of adding (lazy zero_grad, fresh
    * activation gradients), and every other reader zeroes it first */
   DG_TF_GRAD_STALE = 1u << 3,
-  /* a parameter whose update is still pending (DDP overlapping the next
-   * forward with the all-reduce): readers wait through the store's gate */
-  DG_TF_GATED = 1u << 4,
+  /* a parameter with a pending writer (an update that lands later, e.g.
+   * DDP overlapping the next forward with the all-reduce): every reader
+   * waits at the fence (dg__fence, dg__settle) first */
+  DG_TF_PENDING = 1u << 4,
 };
 
 typedef struct dg_storage {
@@ -143,9 +144,9 @@ struct dg_ctx {
   } gpool[32];
 };
 
-#define DG__GATE_ALL (-1)
-#define DG__GATE_BACKWARD (-2)
-typedef int (*dg__gate_fn)(void *user, dg_params *ps, int i, char *err, size_t cap);
+#define DG__SETTLE_ALL (-1)
+#define DG__SETTLE_BACKWARD (-2)
+typedef int (*dg__writer_fn)(void *user, dg_params *ps, int i, char *err, size_t cap);
 
 struct dg_params {
   int n, cap;
@@ -164,12 +165,13 @@ struct dg_params {
   float **companions; /* buffers laid out like data (optimizer state) */
   int ncompanions;
   int grad_lent;      /* grad is someone else's memory (DDP's shared segment) */
-  /* Pending updates (parameters flagged DG_TF_GATED): gate(user, ps, i, ..)
-   * brings parameter i up to date, i = DG__GATE_ALL every parameter, and
-   * DG__GATE_BACKWARD every parameter before a backward writes gradients. */
-  dg__gate_fn gate;
-  void *gate_user;
-  int update_owned;   /* a DDP applies the optimizer step (no global clipping) */
+  /* The pending writer of parameters flagged DG_TF_PENDING: writer(user,
+   * ps, i, ..) brings parameter i up to date, i = DG__SETTLE_ALL every
+   * parameter, DG__SETTLE_BACKWARD every parameter before a backward writes
+   * gradients. Set by whoever owns the update (today DDP's overlap mode). */
+  dg__writer_fn writer;
+  void *writer_user;
+  int update_owned;   /* the writer applies the optimizer step (no global clipping) */
 };
 
 /* ---- errors ---- */
@@ -184,16 +186,28 @@ int dg__null_input(dg_ctx *ctx, const char *op, const char *what, const dg_tenso
 /* Checks t is f32 on CPU; records "op: NAME must be f32, got (..) bf16". */
 int dg__check_f32(dg_ctx *ctx, const char *op, const char *what, const dg_tensor *t);
 
-/* Waits for the pending update of parameter t (flagged DG_TF_GATED); a
- * failure is recorded on ctx naming op and returned. */
-int dg__param_gate(dg_ctx *ctx, const char *op, const dg_tensor *t);
-/* Brings every parameter of ps up to date (`i` as for the gate); failures
+/* The fence, in two forms. Ops wait in their input check (dg__check_f32),
+ * views in dg__alias and conversions in dg_to_dtype through dg__fence:
+ * the pending writer of parameter t lands its update first, and a failure
+ * is recorded on ctx naming op and returned. Raw accessors (data and
+ * gradient pointers, element reads, optimizer state, checkpoints) call
+ * dg__settle, which logs a failure instead. */
+int dg__fence(dg_ctx *ctx, const char *op, const dg_tensor *t);
+/* Brings every parameter of ps up to date (`i` as for the writer); failures
  * are logged and returned. */
 int dg__params_flush(dg_params *ps, int i);
-void dg__params_set_gate(dg_params *ps, dg__gate_fn fn, void *user);
-/* Raw access to t's values: a pending update lands first. */
+/* Installs (fn non-NULL) or removes the pending writer of ps; removing it
+ * clears every parameter's pending flag. */
+void dg__params_set_writer(dg_params *ps, dg__writer_fn fn, void *user);
+/* 1 when ps has a pending writer (installed with `user`, or any when user
+ * is NULL). */
+int dg__params_has_writer(const dg_params *ps, const void *user);
+/* Marks parameter i of ps as having (on) or not having a pending update. */
+void dg__param_set_pending(dg_params *ps, int i, int on);
+/* The pending writer applies the optimizer step (global clipping refused). */
+void dg__params_set_update_owned(dg_params *ps, int on);
 static inline void dg__settle(const dg_tensor *t) {
-  if (t && (t->flags & DG_TF_GATED)) (void)dg__params_flush(t->params, t->param_id);
+  if (t && (t->flags & DG_TF_PENDING)) (void)dg__params_flush(t->params, t->param_id);
 }
 
 /* ---- tensor helpers ---- */
