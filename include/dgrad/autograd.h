@@ -18,15 +18,15 @@ extern "C" {
 #endif
 
 /* Backpropagates from `loss` (any shape; seeded with ones). */
-int dg_backward(dg_ctx *ctx, dg_tensor *loss);
+DG_API int dg_backward(dg_ctx *ctx, dg_tensor *loss);
 /* Backpropagates with an explicit output gradient (same shape as out). */
-int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out);
+DG_API int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out);
 
 /* Returns the previous setting. With grad mode off no tape is recorded. */
-int dg_set_grad_enabled(dg_ctx *ctx, int on);
-int dg_is_grad_enabled(const dg_ctx *ctx);
+DG_API int dg_set_grad_enabled(dg_ctx *ctx, int on);
+DG_API int dg_is_grad_enabled(const dg_ctx *ctx);
 /* Number of nodes on the tape now. */
-int dg_tape_size(const dg_ctx *ctx);
+DG_API int dg_tape_size(const dg_ctx *ctx);
 
 /* Parameter-gradient-ready: fires exactly once per trainable parameter of every
  * store the backward involved (a store is involved when one of its parameters
@@ -45,23 +45,23 @@ typedef void *(*dg_pack_fn)(void *user, dg_ctx *ctx, dg_tensor *t);
 typedef dg_tensor *(*dg_unpack_fn)(void *user, dg_ctx *ctx, void *packed);
 
 /* Add hooks (up to 8 of each kind). Return a hook id > 0, or a DG_E* code. */
-int dg_ctx_add_grad_ready_hook(dg_ctx *ctx, dg_grad_ready_fn fn, void *user);
-int dg_ctx_add_backward_end_hook(dg_ctx *ctx, dg_backward_end_fn fn, void *user);
+DG_API int dg_ctx_add_grad_ready_hook(dg_ctx *ctx, dg_grad_ready_fn fn, void *user);
+DG_API int dg_ctx_add_backward_end_hook(dg_ctx *ctx, dg_backward_end_fn fn, void *user);
 /* Only one pair of saved-tensor hooks at a time (nesting is the caller's). */
-int dg_ctx_set_saved_tensor_hooks(dg_ctx *ctx, dg_pack_fn pack, dg_unpack_fn unpack,
-                                  void *user);
-int dg_ctx_remove_hook(dg_ctx *ctx, int id);
+DG_API int dg_ctx_set_saved_tensor_hooks(dg_ctx *ctx, dg_pack_fn pack, dg_unpack_fn unpack,
+                                         void *user);
+DG_API int dg_ctx_remove_hook(dg_ctx *ctx, int id);
 /* Makes `ps` take part in every backward on this ctx, used or not, until
  * dg_ctx_detach_params (DG_ENOTFOUND when not attached) or dg_ctx_free.
  * Freeing a store that is still attached logs an error and detaches it. */
-int dg_ctx_attach_params(dg_ctx *ctx, dg_params *ps);
-int dg_ctx_detach_params(dg_ctx *ctx, dg_params *ps);
+DG_API int dg_ctx_attach_params(dg_ctx *ctx, dg_params *ps);
+DG_API int dg_ctx_detach_params(dg_ctx *ctx, dg_params *ps);
 
 /* After a backward: 1 when parameter i of ps received a gradient in the
  * last backward that involved ps (on any context). */
-int dg_param_reached(const dg_params *ps, int i);
+DG_API int dg_param_reached(const dg_params *ps, int i);
 /* Number of trainable parameters the last backward did not reach. */
-int dg_params_unreached_count(const dg_params *ps);
+DG_API int dg_params_unreached_count(const dg_params *ps);
 
 #ifdef __cplusplus
 }

@@ -68,7 +68,7 @@ typedef struct {
 } dg_checkpoint;
 
 /* Writes `c` to `path` atomically (see above). */
-int dg_checkpoint_save(const char *path, const dg_checkpoint *c, char *err, size_t errcap);
+DG_API int dg_checkpoint_save(const char *path, const dg_checkpoint *c, char *err, size_t errcap);
 
 /* Restores what `c` names from `path`: parameter values; optimizer state,
  * lr and step count when c->optim is set (the file's "optim" must equal
@@ -76,13 +76,13 @@ int dg_checkpoint_save(const char *path, const dg_checkpoint *c, char *err, size
  * when set (DG_ENOTFOUND when the file lacks them); c->step. Optimizer
  * tensors in the file are ignored when c->optim is NULL (weights only);
  * any other tensor the model lacks is refused. */
-int dg_checkpoint_load(const char *path, dg_checkpoint *c, char *err, size_t errcap);
+DG_API int dg_checkpoint_load(const char *path, dg_checkpoint *c, char *err, size_t errcap);
 
 /* Reads one metadata value of the file into val (cap bytes, terminated;
  * DG_EINVAL when it does not fit). DG_ENOTFOUND when the key is absent.
  * Reads only the header. */
-int dg_checkpoint_meta(const char *path, const char *key, char *val, size_t cap,
-                       char *err, size_t errcap);
+DG_API int dg_checkpoint_meta(const char *path, const char *key, char *val, size_t cap,
+                              char *err, size_t errcap);
 
 #ifdef __cplusplus
 }

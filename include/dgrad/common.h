@@ -13,6 +13,17 @@
 extern "C" {
 #endif
 
+/* DG_API marks every public function. The library is compiled with
+ * -fvisibility=hidden, so libdgrad.so exports exactly these and keeps its
+ * internal dg__ functions to itself. Default visibility is harmless in a
+ * consumer, so the library (DG_BUILDING) and consumers share one definition;
+ * other compilers get nothing. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DG_API __attribute__((visibility("default")))
+#else
+#define DG_API
+#endif
+
 #define DG_VERSION_MAJOR 0
 #define DG_VERSION_MINOR 1
 #define DG_VERSION_PATCH 0
@@ -20,8 +31,8 @@ extern "C" {
   ((DG_VERSION_MAJOR << 16) | (DG_VERSION_MINOR << 8) | DG_VERSION_PATCH)
 
 /* "0.1.0"; static storage. */
-const char *dg_version(void);
-unsigned dg_version_hex(void);
+DG_API const char *dg_version(void);
+DG_API unsigned dg_version_hex(void);
 
 /* Status codes: DG_OK (0) or negative. One table generates the enum,
  * dg_strerror() and dg_err_name(). */
@@ -52,9 +63,9 @@ typedef enum {
 } dg_status;
 
 /* Static text for a code ("shape mismatch"), or "unknown error". */
-const char *dg_strerror(int code);
+DG_API const char *dg_strerror(int code);
 /* Static name for a code ("DG_ESHAPE"), or "DG_UNKNOWN". */
-const char *dg_err_name(int code);
+DG_API const char *dg_err_name(int code);
 
 /* Element types. Ops compute in f32; f16/bf16 are storage and communication
  * types (convert with dg_tensor_to_dtype); i32/i64 hold indices. */
@@ -68,18 +79,18 @@ typedef enum {
   DG_NDTYPES = 6
 } dg_dtype;
 
-size_t dg_dtype_size(dg_dtype dt);
-const char *dg_dtype_name(dg_dtype dt); /* "f32", ...; "?" when invalid */
+DG_API size_t dg_dtype_size(dg_dtype dt);
+DG_API const char *dg_dtype_name(dg_dtype dt); /* "f32", ...; "?" when invalid */
 
 /* Scalar conversions (round to nearest even). Every path (these, dg_to_dtype,
  * collectives) follows one NaN rule: a NaN becomes the canonical quiet NaN of
  * the target type with its sign kept and its payload dropped (f16 0x7e00,
  * bf16 0x7fc0, | 0x8000 when negative). PyTorch 1.13 is not consistent here
  * (its scalar bf16 path writes 0x7fc0, its vectorised one 0xffff). */
-uint16_t dg_f32_to_f16(float f);
-float dg_f16_to_f32(uint16_t h);
-uint16_t dg_f32_to_bf16(float f);
-float dg_bf16_to_f32(uint16_t h);
+DG_API uint16_t dg_f32_to_f16(float f);
+DG_API float dg_f16_to_f32(uint16_t h);
+DG_API uint16_t dg_f32_to_bf16(float f);
+DG_API float dg_bf16_to_f32(uint16_t h);
 
 /* Logging. Levels as in syslog order; DG_LOG env var ("error", "warn",
  * "info", "debug") sets the threshold; default "warn". Library code logs
@@ -92,9 +103,9 @@ typedef enum {
 } dg_log_level;
 typedef void (*dg_log_fn)(void *user, dg_log_level level, const char *msg);
 /* Replace the sink (NULL restores stderr). */
-void dg_set_log_fn(dg_log_fn fn, void *user);
-void dg_set_log_level(dg_log_level level);
-dg_log_level dg_get_log_level(void);
+DG_API void dg_set_log_fn(dg_log_fn fn, void *user);
+DG_API void dg_set_log_level(dg_log_level level);
+DG_API dg_log_level dg_get_log_level(void);
 
 /* Replaceable allocator for every heap allocation dgrad makes (libuv style).
  * Pass NULLs to restore malloc/realloc/free. Returns DG_EINVAL when only some
@@ -102,12 +113,12 @@ dg_log_level dg_get_log_level(void);
 typedef void *(*dg_malloc_fn)(size_t size);
 typedef void *(*dg_realloc_fn)(void *ptr, size_t size);
 typedef void (*dg_free_fn)(void *ptr);
-int dg_set_allocator(dg_malloc_fn m, dg_realloc_fn r, dg_free_fn f);
+DG_API int dg_set_allocator(dg_malloc_fn m, dg_realloc_fn r, dg_free_fn f);
 
 /* Threads used by compute kernels (OpenBLAS and dgrad's own loops). 0 means
  * "DG_NUM_THREADS or 1". */
-void dg_set_num_threads(int n);
-int dg_get_num_threads(void);
+DG_API void dg_set_num_threads(int n);
+DG_API int dg_get_num_threads(void);
 
 #ifdef __cplusplus
 }

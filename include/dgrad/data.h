@@ -56,11 +56,11 @@ typedef struct {
 /* Reads an IDX file; gzip-compressed when the name ends in ".gz" or the file
  * starts with the gzip magic, raw otherwise. The whole file must be exactly
  * header + data. On failure *out is zeroed. */
-int dg_idx_read(const char *path, dg_idx_array *out, char *err, size_t errcap);
+DG_API int dg_idx_read(const char *path, dg_idx_array *out, char *err, size_t errcap);
 /* Frees a->data and zeroes *a; NULL is a no-op. */
-void dg_idx_free(dg_idx_array *a);
+DG_API void dg_idx_free(dg_idx_array *a);
 /* "u8", "i8", "i16", "i32", "f32", "f64", or "?". */
-const char *dg_idx_type_name(int type);
+DG_API const char *dg_idx_type_name(int type);
 
 /* ---- dataset interface used by the loader ---- */
 
@@ -112,19 +112,19 @@ typedef struct {
  * DG_FASHION_MNIST_DIR. Checks: images are u8 with 3 dims, labels u8 with 1,
  * equal counts, at least one image, every label in range. Pixels are kept as
  * bytes and normalised to f32 when copied out. */
-int dg_mnist_open(const char *dir, int train, dg_mnist **out, char *err, size_t errcap);
-int dg_mnist_open_opts(const char *dir, int train, const dg_mnist_opts *opts,
-                       dg_mnist **out, char *err, size_t errcap);
-void dg_mnist_free(dg_mnist *ds);
-int64_t dg_mnist_count(const dg_mnist *ds);
-int dg_mnist_rows(const dg_mnist *ds);
-int dg_mnist_cols(const dg_mnist *ds);
-const uint8_t *dg_mnist_pixels(const dg_mnist *ds); /* (N, rows, cols) raw */
-const int64_t *dg_mnist_labels(const dg_mnist *ds); /* (N) */
+DG_API int dg_mnist_open(const char *dir, int train, dg_mnist **out, char *err, size_t errcap);
+DG_API int dg_mnist_open_opts(const char *dir, int train, const dg_mnist_opts *opts,
+                              dg_mnist **out, char *err, size_t errcap);
+DG_API void dg_mnist_free(dg_mnist *ds);
+DG_API int64_t dg_mnist_count(const dg_mnist *ds);
+DG_API int dg_mnist_rows(const dg_mnist *ds);
+DG_API int dg_mnist_cols(const dg_mnist *ds);
+DG_API const uint8_t *dg_mnist_pixels(const dg_mnist *ds); /* (N, rows, cols) raw */
+DG_API const int64_t *dg_mnist_labels(const dg_mnist *ds); /* (N) */
 /* Image i normalised into out (rows * cols floats). */
-int dg_mnist_image(const dg_mnist *ds, int64_t i, float *out);
+DG_API int dg_mnist_image(const dg_mnist *ds, int64_t i, float *out);
 /* Descriptor with fields 0: image f32 (rows, cols), 1: label i64 scalar. */
-int dg_mnist_dataset(dg_mnist *ds, dg_dataset *out);
+DG_API int dg_mnist_dataset(dg_mnist *ds, dg_dataset *out);
 
 /* ---- character-level text ---- */
 
@@ -146,25 +146,25 @@ typedef struct {
  * in sorted order); path NULL means DG_FORTUNES_DIR. The vocabulary is the
  * sorted set of distinct bytes; tokens are their indices. DG_EFORMAT for an
  * empty text. */
-int dg_text_open(const char *path, const dg_text_opts *opts, dg_text **out, char *err,
-                 size_t errcap);
-void dg_text_free(dg_text *t);
-int dg_text_vocab_size(const dg_text *t);
+DG_API int dg_text_open(const char *path, const dg_text_opts *opts, dg_text **out, char *err,
+                        size_t errcap);
+DG_API void dg_text_free(dg_text *t);
+DG_API int dg_text_vocab_size(const dg_text *t);
 /* Byte of token id, or -1. */
-int dg_text_byte(const dg_text *t, int id);
+DG_API int dg_text_byte(const dg_text *t, int id);
 /* Token id of a byte, or -1 when the byte is not in the vocabulary. */
-int dg_text_id(const dg_text *t, int byte);
+DG_API int dg_text_id(const dg_text *t, int byte);
 /* Token ids of a split (DG_SPLIT_TRAIN / DG_SPLIT_VAL); *n receives the count. */
-const uint8_t *dg_text_tokens(const dg_text *t, int split, size_t *n);
+DG_API const uint8_t *dg_text_tokens(const dg_text *t, int split, size_t *n);
 /* Decodes ids into out (at most cap - 1 bytes, terminated; unknown ids give
  * '?'); returns the bytes written. */
-size_t dg_text_decode(const dg_text *t, const int64_t *ids, size_t n, char *out, size_t cap);
+DG_API size_t dg_text_decode(const dg_text *t, const int64_t *ids, size_t n, char *out, size_t cap);
 /* Next-character windows over a split: sample i starts at i * stride and has
  * fields 0: x i64 (context) = tokens[s .. s+context), 1: y i64 (context) =
  * tokens[s+1 .. s+context+1). stride 0 means 1. DG_EINVAL when the split holds
  * fewer than context + 1 tokens. The descriptor borrows t; each split has one
  * window setting at a time (a later call for the same split replaces it). */
-int dg_text_dataset(dg_text *t, int split, int context, int64_t stride, dg_dataset *out);
+DG_API int dg_text_dataset(dg_text *t, int split, int context, int64_t stride, dg_dataset *out);
 
 /* ---- loader: seeded shuffling, batching, sharding, resumable ---- */
 
@@ -187,27 +187,27 @@ typedef struct {
 /* Returned by dg_loader_next when the epoch is exhausted (no batch). */
 #define DG_LOADER_END 1
 
-int dg_loader_new(dg_loader **out, const dg_dataset *ds, const dg_loader_opts *opts);
-void dg_loader_free(dg_loader *l);
+DG_API int dg_loader_new(dg_loader **out, const dg_dataset *ds, const dg_loader_opts *opts);
+DG_API void dg_loader_free(dg_loader *l);
 /* Fills the next batch into dst[f] (caller buffers, each batch_size *
  * field[f].numel elements), or into the loader's own buffers when dst is
  * NULL (see dg_loader_buffer); *rows (may be NULL) receives the batch's
  * sample count (< batch_size only for a final partial batch). Returns DG_OK,
  * DG_LOADER_END once at the end of each epoch (the position then moves to
  * the start of the next epoch), or the dataset's error code. */
-int dg_loader_next(dg_loader *l, void *const *dst, int64_t *rows);
+DG_API int dg_loader_next(dg_loader *l, void *const *dst, int64_t *rows);
 /* The loader's own buffer for field f (batch_size * numel elements), or NULL. */
-void *dg_loader_buffer(dg_loader *l, int f);
-int64_t dg_loader_batches_per_epoch(const dg_loader *l);
+DG_API void *dg_loader_buffer(dg_loader *l, int f);
+DG_API int64_t dg_loader_batches_per_epoch(const dg_loader *l);
 /* Samples this rank sees per epoch (every rank the same). */
-int64_t dg_loader_samples_per_rank(const dg_loader *l);
+DG_API int64_t dg_loader_samples_per_rank(const dg_loader *l);
 /* Position: the epoch and the index of the next batch within it. */
-void dg_loader_position(const dg_loader *l, int64_t *epoch, int64_t *batch);
+DG_API void dg_loader_position(const dg_loader *l, int64_t *epoch, int64_t *batch);
 /* Restores a position saved by dg_loader_position (checkpoint resume). */
-int dg_loader_seek(dg_loader *l, int64_t epoch, int64_t batch);
+DG_API int dg_loader_seek(dg_loader *l, int64_t epoch, int64_t batch);
 /* Dataset index of this rank's k-th sample in `epoch` (-1 when out of range):
  * the order the loader follows. */
-int64_t dg_loader_sample_index(const dg_loader *l, int64_t epoch, int64_t k);
+DG_API int64_t dg_loader_sample_index(const dg_loader *l, int64_t epoch, int64_t k);
 
 #ifdef __cplusplus
 }

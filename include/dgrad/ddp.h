@@ -183,43 +183,43 @@ typedef struct {
 } dg_ddp_opts;
 
 /* All defaults (zeros). */
-dg_ddp_opts dg_ddp_defaults(void);
+DG_API dg_ddp_opts dg_ddp_defaults(void);
 
 /* Collective: every rank of pg calls it. On failure *out is NULL and
  * dg_errmsg(ctx) says why (DG_EMISMATCH: parameters or options differ between
  * ranks; DG_EPEER / DG_ETIMEDOUT: the broadcast failed; DG_EINVAL: bad
  * options, or a store with no trainable parameter). */
-int dg_ddp_new(dg_ddp **out, dg_ctx *ctx, dg_params *ps, dg_pg *pg, const dg_ddp_opts *opts);
-void dg_ddp_free(dg_ddp *ddp);
+DG_API int dg_ddp_new(dg_ddp **out, dg_ctx *ctx, dg_params *ps, dg_pg *pg, const dg_ddp_opts *opts);
+DG_API void dg_ddp_free(dg_ddp *ddp);
 
 /* No-sync scope: 0 makes the following backwards local only, 1 (default)
  * restores synchronisation. Returns the previous setting. */
-int dg_ddp_set_sync(dg_ddp *ddp, int on);
+DG_API int dg_ddp_set_sync(dg_ddp *ddp, int on);
 /* 1 when the next backward will synchronise. */
-int dg_ddp_will_sync(const dg_ddp *ddp);
+DG_API int dg_ddp_will_sync(const dg_ddp *ddp);
 /* 1 when the last backward synchronised (the gradients are averaged: step
  * the optimizer now, then zero the gradients). */
-int dg_ddp_step_ready(const dg_ddp *ddp);
+DG_API int dg_ddp_step_ready(const dg_ddp *ddp);
 
 /* Hands opt's steps to DDP (see "Overlap with the next forward"); opt must
  * update this DDP's store. NULL gives the step back. DG_ESTATE inside a
  * step or when opt is already fused into backward or owned by a DDP. */
-int dg_ddp_overlap_optimizer(dg_ddp *ddp, dg_optim *opt);
+DG_API int dg_ddp_overlap_optimizer(dg_ddp *ddp, dg_optim *opt);
 /* Applies a pending update now (every bucket). DG_OK or the failure. */
-int dg_ddp_flush(dg_ddp *ddp);
+DG_API int dg_ddp_flush(dg_ddp *ddp);
 
 /* Join (see above): returns when every rank has joined, after the final
  * parameter broadcast. DG_ESTATE with no_join, else DG_OK or the group's
  * failure (message in dg_ddp_errmsg). */
-int dg_ddp_join(dg_ddp *ddp);
+DG_API int dg_ddp_join(dg_ddp *ddp);
 
 /* Broadcasts opts->buffers from rank 0 again (collective). */
-int dg_ddp_broadcast_buffers(dg_ddp *ddp);
+DG_API int dg_ddp_broadcast_buffers(dg_ddp *ddp);
 
 /* Last failure ("" when none). */
-const char *dg_ddp_errmsg(const dg_ddp *ddp);
+DG_API const char *dg_ddp_errmsg(const dg_ddp *ddp);
 /* For hooks: records msg as the detail of the hook's failure. */
-void dg_ddp_hook_error(dg_ddp *ddp, const char *msg);
+DG_API void dg_ddp_hook_error(dg_ddp *ddp, const char *msg);
 
 typedef struct {
   int nbuckets;
@@ -233,15 +233,16 @@ typedef struct {
   double bytes_reduced;   /* f32 gradient bytes put through hooks */
 } dg_ddp_stats;
 
-int dg_ddp_get_stats(const dg_ddp *ddp, dg_ddp_stats *out);
+DG_API int dg_ddp_get_stats(const dg_ddp *ddp, dg_ddp_stats *out);
 /* Bucket k: parameter count, bytes (f32), first parameter's index. */
-int dg_ddp_bucket_info(const dg_ddp *ddp, int k, int *nparams, size_t *bytes, int *first);
+DG_API int dg_ddp_bucket_info(const dg_ddp *ddp, int k, int *nparams, size_t *bytes, int *first);
 
 /* dg_loader_opts for this rank of pg: shuffle from `seed` per epoch, equal
  * shards of the dataset (drop_last 0: pad by wrapping around, as torch's
  * DistributedSampler; 1: drop the tail), batches of `batch` per rank.
  * Fields not named here keep their zero default. */
-dg_loader_opts dg_ddp_loader_opts(const dg_pg *pg, int64_t batch, uint64_t seed, int drop_last);
+DG_API dg_loader_opts dg_ddp_loader_opts(const dg_pg *pg, int64_t batch, uint64_t seed,
+                                         int drop_last);
 
 #ifdef __cplusplus
 }

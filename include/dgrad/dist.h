@@ -88,36 +88,36 @@ typedef struct {
 /* Creates a group and connects it (blocks until every rank joined or the
  * timeout). On failure *out is NULL; the reason is logged (DG_LOGW). Use
  * dg_pg_new_ex to receive it instead. */
-int dg_pg_new(dg_pg **out, const dg_pg_opts *opts);
+DG_API int dg_pg_new(dg_pg **out, const dg_pg_opts *opts);
 /* Same, copying the failure detail into err (cap bytes). */
-int dg_pg_new_ex(dg_pg **out, const dg_pg_opts *opts, char *err, size_t cap);
+DG_API int dg_pg_new_ex(dg_pg **out, const dg_pg_opts *opts, char *err, size_t cap);
 
 /* Creates the group from the environment, like torch's env:// init: RANK,
  * WORLD_SIZE, MASTER_ADDR, MASTER_PORT (else SLURM_PROCID/SLURM_NTASKS, or
  * OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE); rank 0 hosts the TCPStore.
  * The group owns that store. timeout_ms 0: 300000. */
-int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap);
+DG_API int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap);
 
 /* Leaves the group: waits for queued work (bounded by the timeout), tells
  * dgrad peers it is leaving, closes connections. NULL: no-op. */
-void dg_pg_free(dg_pg *pg);
+DG_API void dg_pg_free(dg_pg *pg);
 
-int dg_pg_rank(const dg_pg *pg);
-int dg_pg_size(const dg_pg *pg);
+DG_API int dg_pg_rank(const dg_pg *pg);
+DG_API int dg_pg_size(const dg_pg *pg);
 /* From LOCAL_RANK / LOCAL_WORLD_SIZE (env groups); else rank / world size. */
-int dg_pg_local_rank(const dg_pg *pg);
-int dg_pg_local_size(const dg_pg *pg);
+DG_API int dg_pg_local_rank(const dg_pg *pg);
+DG_API int dg_pg_local_size(const dg_pg *pg);
 /* 1 when every rank runs dgrad (own algorithms allowed). */
-int dg_pg_all_dgrad(const dg_pg *pg);
+DG_API int dg_pg_all_dgrad(const dg_pg *pg);
 /* Last failure of the group (sticky transport error, or "no error"). */
-const char *dg_pg_errmsg(const dg_pg *pg);
+DG_API const char *dg_pg_errmsg(const dg_pg *pg);
 /* Forces an allreduce algorithm (DG_ALGO_AUTO restores the default). Only
  * RING is valid in a group with non-dgrad ranks; CMA needs every rank on
  * this host with process_vm_readv allowed, SHM every rank on this host with
  * a POSIX shared-memory segment (DG_EUNSUPPORTED otherwise). DG_SHM=0 in
  * the environment at group creation turns the shared-memory path off.
  * Call it on every rank. */
-int dg_pg_set_algo(dg_pg *pg, dg_algo algo);
+DG_API int dg_pg_set_algo(dg_pg *pg, dg_algo algo);
 
 /* Collectives. `w` receives the work (free it with dg_work_free); on a
  * failed post (bad arguments) *w is NULL. Works belong to their group:
@@ -125,39 +125,39 @@ int dg_pg_set_algo(dg_pg *pg, dg_algo algo);
  * it (a steady-state training step allocates nothing), and dg_pg_free
  * releases the pool. So free every work before its group; a work not
  * freed by then is leaked. */
-int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op,
-                    dg_work **w);
-int dg_pg_broadcast(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root, dg_work **w);
+DG_API int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op,
+                           dg_work **w);
+DG_API int dg_pg_broadcast(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root, dg_work **w);
 /* out: (world_size * count) elements; rank r's `in` lands at out + r*count. */
-int dg_pg_allgather(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
-                    dg_work **w);
+DG_API int dg_pg_allgather(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
+                           dg_work **w);
 /* in: (world_size * count) elements; out: (count) = reduction of block r. */
-int dg_pg_reduce_scatter(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
-                         dg_redop op, dg_work **w);
-int dg_pg_barrier(dg_pg *pg, dg_work **w);
+DG_API int dg_pg_reduce_scatter(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
+                                dg_redop op, dg_work **w);
+DG_API int dg_pg_barrier(dg_pg *pg, dg_work **w);
 /* Point to point with a user tag (matched FIFO per (peer, tag)); a receive
  * may be longer than the matching send (see dg_work_count). */
-int dg_pg_send(dg_pg *pg, const void *buf, size_t count, dg_dtype dt, int dst, uint32_t tag,
-               dg_work **w);
-int dg_pg_recv(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int src, uint32_t tag,
-               dg_work **w);
+DG_API int dg_pg_send(dg_pg *pg, const void *buf, size_t count, dg_dtype dt, int dst, uint32_t tag,
+                      dg_work **w);
+DG_API int dg_pg_recv(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int src, uint32_t tag,
+                      dg_work **w);
 
 /* Waits up to timeout_ms (<= 0: until the work finishes or fails at its
  * deadline). DG_OK, the work's error, or DG_EAGAIN when this wait ran out
  * while the work is still running (wait again or test later). */
-int dg_work_wait(dg_work *w, int timeout_ms);
+DG_API int dg_work_wait(dg_work *w, int timeout_ms);
 /* *done = 1 when finished; returns the work's status then (DG_OK until). */
-int dg_work_test(dg_work *w, int *done);
+DG_API int dg_work_test(dg_work *w, int *done);
 /* Elements received (recv works), else count. */
-size_t dg_work_count(const dg_work *w);
-const char *dg_work_errmsg(const dg_work *w);
+DG_API size_t dg_work_count(const dg_work *w);
+DG_API const char *dg_work_errmsg(const dg_work *w);
 /* Waits for a running work (bounded by its deadline), then gives it back
  * to its group (which must still exist). NULL: no-op. */
-void dg_work_free(dg_work *w);
+DG_API void dg_work_free(dg_work *w);
 
 /* Convenience: post, wait, free. */
-int dg_pg_allreduce_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op);
-int dg_pg_barrier_sync(dg_pg *pg);
+DG_API int dg_pg_allreduce_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op);
+DG_API int dg_pg_barrier_sync(dg_pg *pg);
 
 #ifdef __cplusplus
 }

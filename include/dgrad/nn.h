@@ -44,56 +44,56 @@ struct dg_module {
 };
 
 /* Calls vt->forward. */
-dg_tensor *dg_module_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x);
+DG_API dg_tensor *dg_module_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x);
 /* Registers and initialises every parameter of the tree. */
-int dg_module_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t seed);
+DG_API int dg_module_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t seed);
 /* Train/eval mode for the tree (dropout reads the ctx's mode; this flag is
  * for user modules that care). */
-void dg_module_set_train(dg_module *m, int train);
-const char *dg_module_type(const dg_module *m);
+DG_API void dg_module_set_train(dg_module *m, int train);
+DG_API const char *dg_module_type(const dg_module *m);
 /* Frees the tree (vt->destroy, then the struct via dg's allocator). For
  * modules created by dgrad's constructors. NULL: no-op. */
-void dg_module_free(dg_module *m);
+DG_API void dg_module_free(dg_module *m);
 
 /* ---- built-in modules ---- */
 
-int dg_nn_linear(dg_module **out, int64_t in, int64_t outf, int bias);
+DG_API int dg_nn_linear(dg_module **out, int64_t in, int64_t outf, int bias);
 /* Conv2d NCHW with square kernel k, stride, zero padding. */
-int dg_nn_conv2d(dg_module **out, int64_t cin, int64_t cout, int k, int stride, int pad,
-                 int bias);
-int dg_nn_maxpool2d(dg_module **out, int k, int stride);
-int dg_nn_relu(dg_module **out);
-int dg_nn_gelu(dg_module **out);
-int dg_nn_tanh(dg_module **out);
-int dg_nn_dropout(dg_module **out, float p);
+DG_API int dg_nn_conv2d(dg_module **out, int64_t cin, int64_t cout, int k, int stride, int pad,
+                        int bias);
+DG_API int dg_nn_maxpool2d(dg_module **out, int k, int stride);
+DG_API int dg_nn_relu(dg_module **out);
+DG_API int dg_nn_gelu(dg_module **out);
+DG_API int dg_nn_tanh(dg_module **out);
+DG_API int dg_nn_dropout(dg_module **out, float p);
 /* (N, C, H, W) -> (N, C*H*W) */
-int dg_nn_flatten(dg_module **out);
-int dg_nn_layernorm(dg_module **out, int64_t dim, float eps);
+DG_API int dg_nn_flatten(dg_module **out);
+DG_API int dg_nn_layernorm(dg_module **out, int64_t dim, float eps);
 /* Token ids (B, T) i32/i64 -> (B, T, dim). */
-int dg_nn_embedding(dg_module **out, int64_t vocab, int64_t dim);
+DG_API int dg_nn_embedding(dg_module **out, int64_t vocab, int64_t dim);
 /* Multi-head causal self-attention, (B, T, C) -> (B, T, C); C % heads == 0. */
-int dg_nn_causal_attention(dg_module **out, int64_t dim, int heads, float dropout);
+DG_API int dg_nn_causal_attention(dg_module **out, int64_t dim, int heads, float dropout);
 /* Pre-LN GPT block: x + attn(ln1(x)), then + mlp(ln2(.)) with GELU, 4x hidden. */
-int dg_nn_transformer_block(dg_module **out, int64_t dim, int heads, float dropout);
+DG_API int dg_nn_transformer_block(dg_module **out, int64_t dim, int heads, float dropout);
 
 /* Sequential with named children ("0", "1", ... unless named). */
-int dg_nn_sequential(dg_module **out);
+DG_API int dg_nn_sequential(dg_module **out);
 /* Appends `child` (ownership moves to the sequential); name NULL: its index. */
-int dg_sequential_add(dg_module *seq, dg_module *child, const char *name);
-int dg_sequential_len(const dg_module *seq);
-dg_module *dg_sequential_get(const dg_module *seq, int i);
+DG_API int dg_sequential_add(dg_module *seq, dg_module *child, const char *name);
+DG_API int dg_sequential_len(const dg_module *seq);
+DG_API dg_module *dg_sequential_get(const dg_module *seq, int i);
 /* Moves children [k, len) into a new Sequential *tail, keeping their names,
  * so "layers.3.weight" is still "layers.3.weight" in the tail. */
-int dg_sequential_split(dg_module *seq, int k, dg_module **tail);
+DG_API int dg_sequential_split(dg_module *seq, int k, dg_module **tail);
 
 /* ---- initialisers (seeded; element i depends only on (seed, i)) ---- */
 /* uniform(-b, b) with b = gain * sqrt(3 / fan_in) (torch kaiming_uniform_
  * with a = sqrt(5) uses gain sqrt(1/3): pass gain = 1/sqrt(3) for that). */
-void dg_init_kaiming_uniform(dg_tensor *w, int64_t fan_in, float gain, uint64_t seed);
-void dg_init_xavier_uniform(dg_tensor *w, int64_t fan_in, int64_t fan_out, uint64_t seed);
-void dg_init_normal(dg_tensor *w, float mean, float std, uint64_t seed);
-void dg_init_uniform(dg_tensor *w, float lo, float hi, uint64_t seed);
-void dg_init_constant(dg_tensor *w, float v);
+DG_API void dg_init_kaiming_uniform(dg_tensor *w, int64_t fan_in, float gain, uint64_t seed);
+DG_API void dg_init_xavier_uniform(dg_tensor *w, int64_t fan_in, int64_t fan_out, uint64_t seed);
+DG_API void dg_init_normal(dg_tensor *w, float mean, float std, uint64_t seed);
+DG_API void dg_init_uniform(dg_tensor *w, float lo, float hi, uint64_t seed);
+DG_API void dg_init_constant(dg_tensor *w, float v);
 
 #ifdef __cplusplus
 }

@@ -99,25 +99,25 @@ typedef struct {
  * 0; AdamW: 1e-3, 0.9, 0.999, 1e-8, 1e-2; LAMB: as AdamW with wd 0.01;
  * LARS: lr 0.1, momentum 0.9, wd 5e-4, trust 1e-3, eps 0). A NULL opts
  * pointer to a constructor means these. */
-dg_sgd_opts dg_sgd_defaults(void);
-dg_adamw_opts dg_adamw_defaults(void);
-dg_lamb_opts dg_lamb_defaults(void);
-dg_lars_opts dg_lars_defaults(void);
+DG_API dg_sgd_opts dg_sgd_defaults(void);
+DG_API dg_adamw_opts dg_adamw_defaults(void);
+DG_API dg_lamb_opts dg_lamb_defaults(void);
+DG_API dg_lars_opts dg_lars_defaults(void);
 
 /* Constructors: DG_EINVAL on a NULL store/out or invalid hyperparameters
  * (negative lr, betas outside [0, 1), ...), DG_ENOMEM. */
-int dg_optim_sgd_new(dg_optim **out, dg_params *ps, const dg_sgd_opts *opts);
-int dg_optim_adamw_new(dg_optim **out, dg_params *ps, const dg_adamw_opts *opts);
-int dg_optim_lamb_new(dg_optim **out, dg_params *ps, const dg_lamb_opts *opts);
-int dg_optim_lars_new(dg_optim **out, dg_params *ps, const dg_lars_opts *opts);
-void dg_optim_free(dg_optim *o);
+DG_API int dg_optim_sgd_new(dg_optim **out, dg_params *ps, const dg_sgd_opts *opts);
+DG_API int dg_optim_adamw_new(dg_optim **out, dg_params *ps, const dg_adamw_opts *opts);
+DG_API int dg_optim_lamb_new(dg_optim **out, dg_params *ps, const dg_lamb_opts *opts);
+DG_API int dg_optim_lars_new(dg_optim **out, dg_params *ps, const dg_lars_opts *opts);
+DG_API void dg_optim_free(dg_optim *o);
 
 /* One update from the current gradients; increments the step count first
  * (so the first step uses t = 1). No heap allocation. The step count is one
  * per optimizer, not per parameter as in torch: a parameter unfrozen after
  * some steps gets the global t in its bias corrections, and SGD's "first
  * step" (momentum buffer = d) is step 1 of the optimizer. */
-int dg_optim_step(dg_optim *o);
+DG_API int dg_optim_step(dg_optim *o);
 
 /* Fuses the step into backward on `ctx` (SGD and AdamW): each parameter is
  * updated from its grad-ready hook, the moment its gradient is final, with
@@ -126,24 +126,24 @@ int dg_optim_step(dg_optim *o);
  * backwards, or DDP (whose reduced gradient arrives after the hook). Returns
  * DG_EUNSUPPORTED for LAMB/LARS, DG_ESTATE when already fused. The ctx must
  * outlive the fusion (dg_optim_unfuse_backward ends it). */
-int dg_optim_fuse_backward(dg_optim *o, dg_ctx *ctx);
-int dg_optim_unfuse_backward(dg_optim *o);
+DG_API int dg_optim_fuse_backward(dg_optim *o, dg_ctx *ctx);
+DG_API int dg_optim_unfuse_backward(dg_optim *o);
 
 /* "sgd", "adamw", "lamb", "lars". */
-const char *dg_optim_name(const dg_optim *o);
-void dg_optim_set_lr(dg_optim *o, float lr);
-float dg_optim_get_lr(const dg_optim *o);
+DG_API const char *dg_optim_name(const dg_optim *o);
+DG_API void dg_optim_set_lr(dg_optim *o, float lr);
+DG_API float dg_optim_get_lr(const dg_optim *o);
 /* Steps taken (restored by dg_optim_set_step). */
-int64_t dg_optim_step_count(const dg_optim *o);
-int dg_optim_set_step(dg_optim *o, int64_t step);
+DG_API int64_t dg_optim_step_count(const dg_optim *o);
+DG_API int dg_optim_set_step(dg_optim *o, int64_t step);
 
 /* State for checkpoints: named flat buffers with the layout of the store's
  * flat value buffer (n floats, parameter i at dg_params_offset(ps, i)), plus
  * the scalar step count. dg_optim_state_get hands out the optimizer's own
  * buffer: read it to save, write into it to restore (owned by the optimizer,
  * valid until dg_optim_free). Returns DG_EINVAL for k out of range. */
-int dg_optim_state_count(const dg_optim *o);
-int dg_optim_state_get(dg_optim *o, int k, const char **name, float **buf, size_t *n);
+DG_API int dg_optim_state_count(const dg_optim *o);
+DG_API int dg_optim_state_get(dg_optim *o, int k, const char **name, float **buf, size_t *n);
 
 /* Clips gradients by their global L2 norm (torch.nn.utils.clip_grad_norm_):
  * total = sqrt(sum over trainable parameters of ||g||^2) computed in double;
@@ -152,7 +152,7 @@ int dg_optim_state_get(dg_optim *o, int k, const char **name, float **buf, size_
  * negative max_norm, DG_ESTATE when a DDP owns the store's optimizer step
  * (dg_ddp_overlap_optimizer). A non-finite total is reported and nothing is
  * scaled when it is NaN. */
-int dg_clip_grad_norm(dg_params *ps, double max_norm, double *total_norm);
+DG_API int dg_clip_grad_norm(dg_params *ps, double max_norm, double *total_norm);
 
 /* Learning-rate schedules, a pure function of the step index (0-based: the
  * lr to use for the step-th update).
@@ -184,11 +184,11 @@ typedef struct {
   float min_lr;
 } dg_lr_schedule;
 
-float dg_lr_at(const dg_lr_schedule *s, int64_t step);
+DG_API float dg_lr_at(const dg_lr_schedule *s, int64_t step);
 
 /* Linear scaling rule (Goyal et al. 2017): base_lr * global_batch / base_batch
  * (base_lr when base_batch <= 0). */
-float dg_lr_scale_linear(float base_lr, int base_batch, int global_batch);
+DG_API float dg_lr_scale_linear(float base_lr, int base_batch, int global_batch);
 
 #ifdef __cplusplus
 }

@@ -38,40 +38,40 @@ typedef struct {
   int timeout_ms;     /* default deadline for every wait; 0: 300000 */
 } dg_tcp_store_opts;
 
-int dg_tcp_store_new(dg_store **out, const dg_tcp_store_opts *opts);
+DG_API int dg_tcp_store_new(dg_store **out, const dg_tcp_store_opts *opts);
 /* The port a TCP store server listens on, or that a client connected to. */
-int dg_store_port(const dg_store *s);
+DG_API int dg_store_port(const dg_store *s);
 
-int dg_file_store_new(dg_store **out, const char *dir, int timeout_ms);
-int dg_mem_store_new(dg_store **out, int timeout_ms);
+DG_API int dg_file_store_new(dg_store **out, const char *dir, int timeout_ms);
+DG_API int dg_mem_store_new(dg_store **out, int timeout_ms);
 /* Shares an in-process store between handles (ranks as threads); each handle
  * must be freed. */
-int dg_mem_store_clone(dg_store **out, dg_store *s);
+DG_API int dg_mem_store_clone(dg_store **out, dg_store *s);
 /* Wraps `base` (not owned; must outlive the prefix store). */
-int dg_prefix_store_new(dg_store **out, dg_store *base, const char *prefix);
+DG_API int dg_prefix_store_new(dg_store **out, dg_store *base, const char *prefix);
 
-void dg_store_free(dg_store *s); /* NULL: no-op */
+DG_API void dg_store_free(dg_store *s); /* NULL: no-op */
 
-int dg_store_set(dg_store *s, const char *key, const void *val, size_t len);
+DG_API int dg_store_set(dg_store *s, const char *key, const void *val, size_t len);
 /* Waits for the key up to the deadline, then returns a copy in *val (free
  * with dg_store_value_free) and its length. */
-int dg_store_get(dg_store *s, const char *key, void **val, size_t *len, int timeout_ms);
-void dg_store_value_free(void *val);
+DG_API int dg_store_get(dg_store *s, const char *key, void **val, size_t *len, int timeout_ms);
+DG_API void dg_store_value_free(void *val);
 /* Atomic add to a decimal integer value (missing key counts as 0). */
-int dg_store_add(dg_store *s, const char *key, int64_t delta, int64_t *result);
+DG_API int dg_store_add(dg_store *s, const char *key, int64_t delta, int64_t *result);
 /* Sets `desired` when the current value equals `expected` (a missing key
  * matches an empty `expected`); returns the value now stored. */
-int dg_store_compare_set(dg_store *s, const char *key, const void *expected,
-                         size_t elen, const void *desired, size_t dlen,
-                         void **cur, size_t *curlen);
+DG_API int dg_store_compare_set(dg_store *s, const char *key, const void *expected,
+                                size_t elen, const void *desired, size_t dlen,
+                                void **cur, size_t *curlen);
 /* 1 in *present when all keys exist, else 0. Never blocks. */
-int dg_store_check(dg_store *s, const char *const *keys, int nkeys, int *present);
-int dg_store_wait(dg_store *s, const char *const *keys, int nkeys, int timeout_ms);
-int dg_store_delete(dg_store *s, const char *key, int *deleted);
-int dg_store_num_keys(dg_store *s, int64_t *n);
+DG_API int dg_store_check(dg_store *s, const char *const *keys, int nkeys, int *present);
+DG_API int dg_store_wait(dg_store *s, const char *const *keys, int nkeys, int timeout_ms);
+DG_API int dg_store_delete(dg_store *s, const char *key, int *deleted);
+DG_API int dg_store_num_keys(dg_store *s, int64_t *n);
 
 /* Detail of the last failure on this handle (thread-local to the handle). */
-const char *dg_store_errmsg(const dg_store *s);
+DG_API const char *dg_store_errmsg(const dg_store *s);
 
 #ifdef __cplusplus
 }

@@ -42,129 +42,129 @@ typedef struct {
   uint64_t seed;      /* RNG seed; 0 means 0x5eed */
 } dg_ctx_opts;
 
-int dg_ctx_new(dg_ctx **out, const dg_ctx_opts *opts /* NULL: defaults */);
-void dg_ctx_free(dg_ctx *ctx);
+DG_API int dg_ctx_new(dg_ctx **out, const dg_ctx_opts *opts /* NULL: defaults */);
+DG_API void dg_ctx_free(dg_ctx *ctx);
 /* Releases every arena tensor and the tape. Keeps the arena's memory, so a
  * steady-state training step allocates nothing from the heap. */
-void dg_ctx_reset(dg_ctx *ctx);
-const char *dg_errmsg(const dg_ctx *ctx); /* "" when no error */
-int dg_errcode(const dg_ctx *ctx);        /* last error code, DG_OK if none */
-void dg_clear_error(dg_ctx *ctx);
+DG_API void dg_ctx_reset(dg_ctx *ctx);
+DG_API const char *dg_errmsg(const dg_ctx *ctx); /* "" when no error */
+DG_API int dg_errcode(const dg_ctx *ctx);        /* last error code, DG_OK if none */
+DG_API void dg_clear_error(dg_ctx *ctx);
 /* Bytes of arena in use now / at most since creation / reserved. */
-size_t dg_ctx_arena_used(const dg_ctx *ctx);
-size_t dg_ctx_arena_peak(const dg_ctx *ctx);
-size_t dg_ctx_arena_reserved(const dg_ctx *ctx);
+DG_API size_t dg_ctx_arena_used(const dg_ctx *ctx);
+DG_API size_t dg_ctx_arena_peak(const dg_ctx *ctx);
+DG_API size_t dg_ctx_arena_reserved(const dg_ctx *ctx);
 
 /* Train mode (dropout active) vs eval; default train. */
-void dg_ctx_set_train(dg_ctx *ctx, int train);
-int dg_ctx_is_train(const dg_ctx *ctx);
+DG_API void dg_ctx_set_train(dg_ctx *ctx, int train);
+DG_API int dg_ctx_is_train(const dg_ctx *ctx);
 
 /* ---- RNG: Philox4x32-10, counter-based: element i of a draw depends only on
  * (seed, offset + i), never on threads or chunking. ---- */
-void dg_ctx_seed(dg_ctx *ctx, uint64_t seed);
+DG_API void dg_ctx_seed(dg_ctx *ctx, uint64_t seed);
 /* Saves / restores (seed, offset) for checkpoints. */
-void dg_ctx_rng_state(const dg_ctx *ctx, uint64_t *seed, uint64_t *offset);
-void dg_ctx_set_rng_state(dg_ctx *ctx, uint64_t seed, uint64_t offset);
+DG_API void dg_ctx_rng_state(const dg_ctx *ctx, uint64_t *seed, uint64_t *offset);
+DG_API void dg_ctx_set_rng_state(dg_ctx *ctx, uint64_t seed, uint64_t offset);
 /* Stateless fills: uniform in [0, 1), standard normal. */
-void dg_rng_uniform(uint64_t seed, uint64_t offset, float *out, size_t n);
-void dg_rng_normal(uint64_t seed, uint64_t offset, float *out, size_t n);
+DG_API void dg_rng_uniform(uint64_t seed, uint64_t offset, float *out, size_t n);
+DG_API void dg_rng_normal(uint64_t seed, uint64_t offset, float *out, size_t n);
 
 /* ---- arena tensors (live until dg_ctx_reset) ---- */
 
-dg_tensor *dg_empty(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape);
-dg_tensor *dg_zeros(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape);
-dg_tensor *dg_full(dg_ctx *ctx, int ndim, const int64_t *shape, float value);
+DG_API dg_tensor *dg_empty(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape);
+DG_API dg_tensor *dg_zeros(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape);
+DG_API dg_tensor *dg_full(dg_ctx *ctx, int ndim, const int64_t *shape, float value);
 /* Copies n = numel elements of `data` (dtype dt). */
-dg_tensor *dg_from_data(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape,
-                        const void *data);
+DG_API dg_tensor *dg_from_data(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape,
+                               const void *data);
 /* Wraps caller memory without copying (e.g. a data batch). The memory must
  * outlive the step. */
-dg_tensor *dg_wrap(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape, void *data);
+DG_API dg_tensor *dg_wrap(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape, void *data);
 /* f32 uniform [lo, hi) / normal(mean, std) from the ctx RNG. */
-dg_tensor *dg_rand(dg_ctx *ctx, int ndim, const int64_t *shape, float lo, float hi);
-dg_tensor *dg_randn(dg_ctx *ctx, int ndim, const int64_t *shape, float mean, float std);
+DG_API dg_tensor *dg_rand(dg_ctx *ctx, int ndim, const int64_t *shape, float lo, float hi);
+DG_API dg_tensor *dg_randn(dg_ctx *ctx, int ndim, const int64_t *shape, float mean, float std);
 /* Dtype conversion (f32 <-> f16/bf16/f64, ints <-> f32); not differentiable. */
-dg_tensor *dg_to_dtype(dg_ctx *ctx, dg_tensor *t, dg_dtype dt);
+DG_API dg_tensor *dg_to_dtype(dg_ctx *ctx, dg_tensor *t, dg_dtype dt);
 
 /* ---- persistent tensors (caller-owned) ---- */
 
-int dg_tensor_new(dg_tensor **out, dg_dtype dt, int ndim, const int64_t *shape);
+DG_API int dg_tensor_new(dg_tensor **out, dg_dtype dt, int ndim, const int64_t *shape);
 /* A view sharing t's storage (kept alive by reference count). ndim/shape give
  * the new shape; strides are contiguous from element `offset` of t. */
-int dg_tensor_view(dg_tensor **out, dg_tensor *t, int64_t offset, int ndim,
-                   const int64_t *shape);
-void dg_tensor_free(dg_tensor *t);
+DG_API int dg_tensor_view(dg_tensor **out, dg_tensor *t, int64_t offset, int ndim,
+                          const int64_t *shape);
+DG_API void dg_tensor_free(dg_tensor *t);
 /* Copies src into dst (same shape; converts dtype). */
-int dg_tensor_copy(dg_tensor *dst, const dg_tensor *src);
+DG_API int dg_tensor_copy(dg_tensor *dst, const dg_tensor *src);
 
 /* ---- inspection (any tensor) ---- */
 
-int dg_tensor_ndim(const dg_tensor *t);
-int64_t dg_tensor_dim(const dg_tensor *t, int i); /* negative i from the end */
-const int64_t *dg_tensor_shape(const dg_tensor *t);
-const int64_t *dg_tensor_strides(const dg_tensor *t); /* in elements */
-int64_t dg_tensor_numel(const dg_tensor *t);
-dg_dtype dg_tensor_dtype(const dg_tensor *t);
-int dg_tensor_device(const dg_tensor *t);
-int dg_tensor_is_contiguous(const dg_tensor *t);
-void *dg_tensor_data(const dg_tensor *t); /* first element */
+DG_API int dg_tensor_ndim(const dg_tensor *t);
+DG_API int64_t dg_tensor_dim(const dg_tensor *t, int i); /* negative i from the end */
+DG_API const int64_t *dg_tensor_shape(const dg_tensor *t);
+DG_API const int64_t *dg_tensor_strides(const dg_tensor *t); /* in elements */
+DG_API int64_t dg_tensor_numel(const dg_tensor *t);
+DG_API dg_dtype dg_tensor_dtype(const dg_tensor *t);
+DG_API int dg_tensor_device(const dg_tensor *t);
+DG_API int dg_tensor_is_contiguous(const dg_tensor *t);
+DG_API void *dg_tensor_data(const dg_tensor *t); /* first element */
 /* Value of a one-element tensor as float (f32/f16/bf16/ints). */
-float dg_tensor_item(const dg_tensor *t);
+DG_API float dg_tensor_item(const dg_tensor *t);
 /* Element at flat logical index i (follows strides), as double. */
-double dg_tensor_get(const dg_tensor *t, int64_t i);
+DG_API double dg_tensor_get(const dg_tensor *t, int64_t i);
 /* Gradient after dg_backward, or NULL. Same shape, contiguous, f32. Leaves
  * (parameters, inputs marked requires-grad) keep theirs; an intermediate
  * result's gradient is released during backward once its node has run (its
  * buffer is reused), as torch does for non-leaf tensors. */
-dg_tensor *dg_tensor_grad(const dg_tensor *t);
-void dg_tensor_set_requires_grad(dg_tensor *t, int on);
-int dg_tensor_requires_grad(const dg_tensor *t);
-const char *dg_tensor_name(const dg_tensor *t); /* parameters: their name */
+DG_API dg_tensor *dg_tensor_grad(const dg_tensor *t);
+DG_API void dg_tensor_set_requires_grad(dg_tensor *t, int on);
+DG_API int dg_tensor_requires_grad(const dg_tensor *t);
+DG_API const char *dg_tensor_name(const dg_tensor *t); /* parameters: their name */
 /* "(64, 512) f32" into buf; returns buf. */
-char *dg_tensor_shape_str(const dg_tensor *t, char *buf, size_t cap);
+DG_API char *dg_tensor_shape_str(const dg_tensor *t, char *buf, size_t cap);
 
 /* ---- parameter store: flat value and gradient buffers, named views ---- */
 
-int dg_params_new(dg_params **out);
-void dg_params_free(dg_params *ps);
+DG_API int dg_params_new(dg_params **out);
+DG_API void dg_params_free(dg_params *ps);
 /* Registers an f32 parameter; values start at zero (see nn init). Registration
  * order is fixed: it is the enumeration order, the flat-buffer order and the
  * checkpoint order. Fails with DG_EINVAL on a duplicate name. The returned
  * tensor is owned by the store; its address stays valid, its data pointer
  * may move while parameters are still being added. */
-int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shape,
-                  dg_tensor **out);
-int dg_params_count(const dg_params *ps);
-dg_tensor *dg_params_get(const dg_params *ps, int i);
-dg_tensor *dg_params_find(const dg_params *ps, const char *name);
+DG_API int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shape,
+                         dg_tensor **out);
+DG_API int dg_params_count(const dg_params *ps);
+DG_API dg_tensor *dg_params_get(const dg_params *ps, int i);
+DG_API dg_tensor *dg_params_find(const dg_params *ps, const char *name);
 /* Index of a parameter tensor in its store, or -1. */
-int dg_param_index(const dg_tensor *t);
-dg_params *dg_param_store(const dg_tensor *t);
+DG_API int dg_param_index(const dg_tensor *t);
+DG_API dg_params *dg_param_store(const dg_tensor *t);
 /* Element offset of parameter i in the flat buffers. */
-size_t dg_params_offset(const dg_params *ps, int i);
+DG_API size_t dg_params_offset(const dg_params *ps, int i);
 /* Flat buffers: n floats each (includes alignment padding between params,
  * always zero). */
-float *dg_params_data(dg_params *ps, size_t *n);
-float *dg_params_grad(dg_params *ps, size_t *n);
+DG_API float *dg_params_data(dg_params *ps, size_t *n);
+DG_API float *dg_params_grad(dg_params *ps, size_t *n);
 /* O(parameters), no memset: every gradient is marked stale, backward's first
  * write overwrites it, and dg_params_grad / dg_tensor_grad zero any segment
  * still stale before returning it. So read gradients through those calls
  * after zero_grad, not through a pointer kept from before. */
-void dg_params_zero_grad(dg_params *ps);
+DG_API void dg_params_zero_grad(dg_params *ps);
 /* Freeze / unfreeze a parameter (no gradient, skipped by optimizers). */
-void dg_params_set_trainable(dg_params *ps, int i, int on);
-int dg_params_trainable(const dg_params *ps, int i);
+DG_API void dg_params_set_trainable(dg_params *ps, int i, int on);
+DG_API int dg_params_trainable(const dg_params *ps, int i);
 
 /* Re-lays the flat buffers so parameters sit in `order` (a permutation of
  * 0..n-1); enumeration order and names do not change, only offsets. DDP uses
  * it to make gradient buckets contiguous in the order gradients become ready.
  * Values, gradients and every companion buffer move with their parameter. */
-int dg_params_relayout(dg_params *ps, const int *order);
+DG_API int dg_params_relayout(dg_params *ps, const int *order);
 /* Registers a buffer laid out like the flat value buffer (e.g. optimizer
  * state, dg_params_data's n floats) so dg_params_relayout permutes it too.
  * The buffer must stay valid until removed or the store is freed. */
-int dg_params_add_companion(dg_params *ps, float *buf);
-int dg_params_remove_companion(dg_params *ps, float *buf);
+DG_API int dg_params_add_companion(dg_params *ps, float *buf);
+DG_API int dg_params_remove_companion(dg_params *ps, float *buf);
 
 /* ---- memory statistics per device (caching allocator) ---- */
 
@@ -176,10 +176,10 @@ typedef struct {
   uint64_t system_allocs; /* allocations that reached the system allocator */
 } dg_mem_stats;
 
-int dg_mem_get_stats(int device, dg_mem_stats *out);
-void dg_mem_reset_peak(int device);
+DG_API int dg_mem_get_stats(int device, dg_mem_stats *out);
+DG_API void dg_mem_reset_peak(int device);
 /* Returns cached blocks to the system. */
-void dg_mem_empty_cache(int device);
+DG_API void dg_mem_empty_cache(int device);
 
 #ifdef __cplusplus
 }
