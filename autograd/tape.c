@@ -5,7 +5,7 @@
  * fires. */
 #include <string.h>
 
-#include "tensor/tensor_impl.h"
+#include "core/core_impl.h"
 
 /* Grows ts's arrays to n parameters; new entries start unused. */
 static int tstore_grow(dg_tape_store *ts, int n) {

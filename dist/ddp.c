@@ -10,7 +10,7 @@
 #include "dist/ddp_impl.h"
 #include "dist/pg_impl.h"
 #include "optim/optim_impl.h"
-#include "tensor/tensor_impl.h"
+#include "core/core_impl.h"
 
 #define MiB ((size_t)1 << 20)
 

@@ -7,7 +7,7 @@
 
 #include "dist/ddp_impl.h"
 #include "dist/pg_impl.h"
-#include "tensor/tensor_impl.h"
+#include "core/core_impl.h"
 
 /* Parameter indices sorted by offset (insertion sort: stores are small and
  * this avoids qsort's global comparator state across threads). */

@@ -15,7 +15,7 @@
 #include "dist/pg_impl.h"
 #include "dist/transport/transport_impl.h"
 #include "optim/optim_impl.h"
-#include "tensor/tensor_impl.h"
+#include "core/core_impl.h"
 
 /* Updates bucket k's parameters (their average is final); clears their pending marks. */
 static void apply(dg_ddp *d, int k) {

@@ -4,7 +4,7 @@
 
 #include "dgrad/nn.h"
 #include "dgrad/ops.h"
-#include "tensor/tensor_impl.h"
+#include "core/core_impl.h"
 
 /* "<prefix>.<name>" (or "<name>" when prefix is empty) into buf. */
 const char *dg__join(char *buf, size_t cap, const char *prefix, const char *name);

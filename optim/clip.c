@@ -2,7 +2,7 @@
 #include <math.h>
 
 #include "optim/optim_impl.h"
-#include "tensor/tensor_impl.h"
+#include "core/core_impl.h"
 
 int dg_clip_grad_norm(dg_params *ps, double max_norm, double *total_norm) {
   if (total_norm) *total_norm = 0;

@@ -3,7 +3,7 @@
  * cache, instead of in a separate pass over the whole flat buffer after
  * backward. Same arithmetic as dg_optim_step, one parameter at a time. */
 #include "optim/optim_impl.h"
-#include "tensor/tensor_impl.h"
+#include "core/core_impl.h"
 
 static void fused_ready(void *user, dg_params *ps, int i, int reached) {
   dg_optim *o = user;

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor/cpu/cpu_impl.h"
+#include "ops/cpu_impl.h"
 #include "test.h"
 
 typedef dg_tensor *(*op_fn)(dg_ctx *ctx, dg_tensor **in);

@@ -6,7 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "tensor/threads_impl.h"
+#include "core/threads_impl.h"
 #include "test.h"
 
 static atomic_int counts[16];

@@ -1,0 +1,107 @@
+/* Step arena: bump allocation in chunks. Reset keeps the memory; when a step
+ * needed more than one chunk, reset replaces them by one chunk big enough for
+ * the whole step, so from the second step on nothing is allocated. */
+#include <stdint.h>
+#include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "core/core_impl.h"
+
+#define HDR (((sizeof(dg_arena_chunk) + DG_ALIGN - 1) / DG_ALIGN) * DG_ALIGN)
+
+/* Asks for transparent huge pages on the whole 2 MiB pages inside a big
+ * chunk: a step streams its activations through the arena, and with 4 KiB
+ * pages nearly every pass over a large activation misses the TLB. Advice
+ * only (THP "madvise" mode, the Debian default); failure is harmless. */
+static void advise_huge(void *p, size_t n) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t huge = (uintptr_t)1 << 21;
+  uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + n) & ~(huge - 1);
+  if (n >= 4 * huge && hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+  (void)p, (void)n;
+#endif
+}
+
+static dg_arena_chunk *chunk_new(size_t cap) {
+  dg_arena_chunk *c = dg__dev_alloc(DG_CPU, HDR + cap);
+  if (!c) return NULL;
+  advise_huge(c, HDR + cap);
+  c->next = NULL;
+  c->cap = cap;
+  c->used = 0;
+  return c;
+}
+
+static void chunk_free(dg_arena_chunk *c) { dg__dev_free(DG_CPU, c, HDR + c->cap); }
+
+void *dg__arena_alloc(dg_arena *a, size_t n) {
+  n = (n + DG_ALIGN - 1) & ~(size_t)(DG_ALIGN - 1);
+  if (!n) n = DG_ALIGN;
+  dg_arena_chunk *c = a->cur;
+  while (c && c->used + n > c->cap) c = c->next;
+  if (!c) {
+    size_t cap = a->reserved ? a->reserved : ((size_t)1 << 20);
+    if (cap < n) cap = n;
+    c = chunk_new(cap);
+    if (!c) return NULL;
+    /* append at the end of the list */
+    if (!a->head) {
+      a->head = c;
+    } else {
+      dg_arena_chunk *t = a->head;
+      while (t->next) t = t->next;
+      t->next = c;
+    }
+    a->reserved += cap;
+  }
+  a->cur = c;
+  void *p = (char *)c + HDR + c->used;
+  c->used += n;
+  a->used += n;
+  if (a->used > a->peak) a->peak = a->used;
+  return p;
+}
+
+/* Frees every chunk back to the system (not the cache: the growth chunks of
+ * a first step are one-off sizes that would otherwise stay resident). */
+static void arena_release(dg_arena *a) {
+  dg_arena_chunk *c = a->head;
+  while (c) {
+    dg_arena_chunk *n = c->next;
+    dg__dev_release(DG_CPU, c, HDR + c->cap);
+    c = n;
+  }
+  a->head = a->cur = NULL;
+}
+
+void dg__arena_reset(dg_arena *a) {
+  if (a->head && a->head->next) {
+    /* several chunks: merge into one that fits the step just done (its
+     * bytes in use, plus slack for steps that vary a little) */
+    size_t want = a->used + a->used / 8 + ((size_t)1 << 20);
+    want = (want + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+    dg_arena_chunk *one = chunk_new(want);
+    if (one) {
+      arena_release(a);
+      a->head = one;
+      a->reserved = want;
+    }
+  }
+  for (dg_arena_chunk *c = a->head; c; c = c->next) c->used = 0;
+  a->cur = a->head;
+  a->used = 0;
+}
+
+void dg__arena_free(dg_arena *a) {
+  dg_arena_chunk *c = a->head;
+  while (c) {
+    dg_arena_chunk *n = c->next;
+    chunk_free(c);
+    c = n;
+  }
+  a->head = a->cur = NULL;
+  a->reserved = a->used = 0;
+}

@@ -1,0 +1,120 @@
+/* Contexts: step arena, error slot, grad/train mode, RNG stream. */
+#include <string.h>
+
+#include "core/core_impl.h"
+
+int dg_ctx_new(dg_ctx **out, const dg_ctx_opts *opts) {
+  if (!out) return DG_EINVAL;
+  *out = NULL;
+  dg_ctx *c = dg__calloc(1, sizeof *c);
+  if (!c) return DG_ENOMEM;
+  c->grad_enabled = 1;
+  c->train = 1;
+  c->rng_seed = (opts && opts->seed) ? opts->seed : 0x5eed;
+  size_t first = (opts && opts->arena_bytes) ? opts->arena_bytes : ((size_t)1 << 20);
+  c->arena.reserved = first; /* size of the first chunk */
+  void *probe = dg__arena_alloc(&c->arena, DG_ALIGN);
+  if (!probe) {
+    dg__free(c);
+    return DG_ENOMEM;
+  }
+  c->arena.reserved = first;
+  dg__arena_reset(&c->arena);
+  c->arena.peak = 0;
+  *out = c;
+  return DG_OK;
+}
+
+void dg_ctx_free(dg_ctx *ctx) {
+  if (!ctx) return;
+  while (ctx->nattached) dg_ctx_detach_params(ctx, ctx->attached[0]);
+  for (int s = 0; s < DG_MAX_STORES; s++) {
+    dg__free(ctx->stores[s].first_use);
+    dg__free(ctx->stores[s].reached);
+    dg__free(ctx->stores[s].fired);
+  }
+  dg__arena_free(&ctx->arena);
+  dg__free(ctx->tape);
+  dg__free(ctx);
+}
+
+void dg_ctx_reset(dg_ctx *ctx) {
+  if (!ctx) return;
+  ctx->ntape = 0;
+  ctx->nstores = 0; /* the tape's per-store state goes with it */
+  memset(ctx->gpool, 0, sizeof ctx->gpool); /* its blocks were arena memory */
+  dg__arena_reset(&ctx->arena);
+  ctx->err = DG_OK;
+  ctx->errmsg[0] = 0;
+}
+
+const char *dg_errmsg(const dg_ctx *ctx) { return ctx ? ctx->errmsg : "no context"; }
+int dg_errcode(const dg_ctx *ctx) { return ctx ? ctx->err : DG_EINVAL; }
+
+void dg_clear_error(dg_ctx *ctx) {
+  if (!ctx) return;
+  ctx->err = DG_OK;
+  ctx->errmsg[0] = 0;
+}
+
+size_t dg_ctx_arena_used(const dg_ctx *ctx) { return ctx ? ctx->arena.used : 0; }
+size_t dg_ctx_arena_peak(const dg_ctx *ctx) { return ctx ? ctx->arena.peak : 0; }
+size_t dg_ctx_arena_reserved(const dg_ctx *ctx) { return ctx ? ctx->arena.reserved : 0; }
+
+void dg_ctx_set_train(dg_ctx *ctx, int train) {
+  if (ctx) ctx->train = !!train;
+}
+int dg_ctx_is_train(const dg_ctx *ctx) { return ctx ? ctx->train : 0; }
+
+int dg__set_error(dg_ctx *ctx, int code, const char *fmt, ...) {
+  if (!ctx || ctx->err) return code; /* first error wins */
+  ctx->err = code;
+  va_list ap;
+  va_start(ap, fmt);
+  dg__vfmt(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+int dg__null_input(dg_ctx *ctx, const char *op, const char *what, const dg_tensor *t) {
+  if (t) return 0;
+  if (ctx && !ctx->err) dg__set_error(ctx, DG_EINVAL, "%s: input %s is NULL", op, what);
+  return 1;
+}
+
+int dg__check_f32(dg_ctx *ctx, const char *op, const char *what, const dg_tensor *t) {
+  /* every op checks each input here before reading it: the one place where
+   * a parameter with a pending update can be waited for */
+  if ((t->flags & DG_TF_PENDING) && dg__fence(ctx, op, t)) return 0;
+  if (t->dtype == DG_F32 && t->device == DG_CPU) return 1;
+  char b[96];
+  dg__set_error(ctx, t->dtype != DG_F32 ? DG_EDTYPE : DG_EDEVICE,
+                "%s: %s must be f32 on cpu, got %s %s on device %d", op, what,
+                dg__shape_str(t, b, sizeof b), dg_dtype_name(t->dtype), t->device);
+  return 0;
+}
+
+/* ---- RNG stream ---- */
+
+void dg_ctx_seed(dg_ctx *ctx, uint64_t seed) {
+  if (!ctx) return;
+  ctx->rng_seed = seed;
+  ctx->rng_offset = 0;
+}
+
+void dg_ctx_rng_state(const dg_ctx *ctx, uint64_t *seed, uint64_t *offset) {
+  if (!ctx) return;
+  if (seed) *seed = ctx->rng_seed;
+  if (offset) *offset = ctx->rng_offset;
+}
+
+void dg_ctx_set_rng_state(dg_ctx *ctx, uint64_t seed, uint64_t offset) {
+  if (!ctx) return;
+  ctx->rng_seed = seed;
+  ctx->rng_offset = offset;
+}
+
+void dg__ctx_uniform(dg_ctx *ctx, float *out, size_t n) {
+  dg_rng_uniform(ctx->rng_seed, ctx->rng_offset, out, n);
+  ctx->rng_offset += (n + 3) & ~(size_t)3;
+}

@@ -1,0 +1,488 @@
+/* Tensor headers: arena and persistent tensors, shapes, strides, dtype
+ * conversion, inspection. */
+#include <string.h>
+
+#include "core/core_impl.h"
+
+int64_t dg__numel(const dg_tensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+  return n;
+}
+
+void dg__set_contig_strides(dg_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    t->stride[i] = s;
+    s *= t->shape[i];
+  }
+}
+
+int dg__is_contig(const dg_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->stride[i] != s) return 0;
+    s *= t->shape[i];
+  }
+  return 1;
+}
+
+int dg__same_shape(const dg_tensor *a, const dg_tensor *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return 0;
+  return 1;
+}
+
+const char *dg__dims_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
+  size_t n = 0;
+  n += (size_t)snprintf(buf + n, cap - n, "(");
+  for (int i = 0; i < ndim && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)shape[i]);
+  if (n < cap) snprintf(buf + n, cap - n, ")");
+  return buf;
+}
+
+const char *dg__shape_str(const dg_tensor *t, char *buf, size_t cap) {
+  return dg__dims_str(t->ndim, t->shape, buf, cap);
+}
+
+int64_t dg__shape_numel(int ndim, const int64_t *shape, size_t es) {
+  int64_t n = 1, span = (int64_t)es;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return -1;
+    /* span bounds every stride and byte offset, zero-size dims or not */
+    if (__builtin_mul_overflow(span, shape[i] ? shape[i] : 1, &span) || span > DG_MAX_BYTES)
+      return -1;
+    n *= shape[i];
+  }
+  return n;
+}
+
+int dg__shape_error(int ndim, const int64_t *shape, dg_dtype dt, char *msg, size_t cap) {
+  if (ndim < 0 || ndim > DG_MAX_DIMS || (ndim && !shape)) {
+    snprintf(msg, cap, "ndim %d outside [0, %d]", ndim, DG_MAX_DIMS);
+    return DG_EINVAL;
+  }
+  if ((unsigned)dt >= DG_NDTYPES) {
+    snprintf(msg, cap, "invalid dtype %d", (int)dt);
+    return DG_EINVAL;
+  }
+  if (dg__shape_numel(ndim, shape, dg_dtype_size(dt)) >= 0) return DG_OK;
+  char s[DG_MAX_DIMS * 22 + 4];
+  dg__dims_str(ndim, shape, s, sizeof s);
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0) {
+      snprintf(msg, cap, "shape %s has a negative size in dim %d", s, i);
+      return DG_EINVAL;
+    }
+  snprintf(msg, cap, "shape %s of %s is too large (its byte size overflows)", s,
+           dg_dtype_name(dt));
+  return DG_EINVAL;
+}
+
+static int check_shape(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const int64_t *shape) {
+  char msg[256];
+  int rc = dg__shape_error(ndim, shape, dt, msg, sizeof msg);
+  return rc ? dg__set_error(ctx, rc, "%s: %s", op, msg) : DG_OK;
+}
+
+dg_tensor *dg__new(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const int64_t *shape) {
+  if (check_shape(ctx, op, dt, ndim, shape)) return NULL;
+  dg_tensor *t = dg__arena_alloc(&ctx->arena, sizeof *t);
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  void *d = t ? dg__arena_alloc(&ctx->arena, (size_t)n * dg_dtype_size(dt)) : NULL;
+  if (!t || !d) {
+    dg__set_error(ctx, DG_ENOMEM, "%s: out of memory for a %lld-element %s tensor", op,
+                  (long long)n, dg_dtype_name(dt));
+    return NULL;
+  }
+  memset(t, 0, sizeof *t);
+  t->data = d;
+  t->ndim = ndim;
+  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+  dg__set_contig_strides(t);
+  t->dtype = dt;
+  t->device = DG_CPU;
+  t->flags = DG_TF_ARENA;
+  t->param_id = -1;
+  return t;
+}
+
+dg_tensor *dg__new_like(dg_ctx *ctx, const char *op, const dg_tensor *x) {
+  return dg__new(ctx, op, DG_F32, x->ndim, x->shape);
+}
+
+dg_tensor *dg__alias(dg_ctx *ctx, const char *op, dg_tensor *x) {
+  /* a view of a parameter is read later through the view: wait now */
+  if ((x->flags & DG_TF_PENDING) && dg__fence(ctx, op, x)) return NULL;
+  dg_tensor *t = dg__arena_alloc(&ctx->arena, sizeof *t);
+  if (!t) {
+    dg__set_error(ctx, DG_ENOMEM, "%s: out of memory for a view header", op);
+    return NULL;
+  }
+  *t = *x;
+  t->flags = DG_TF_ARENA;
+  t->grad = NULL;
+  t->node = NULL;
+  t->storage = NULL;
+  t->params = NULL;
+  t->param_id = -1;
+  return t;
+}
+
+const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x) {
+  if (dg__is_contig(x)) return x->data;
+  dg_tensor *c = dg__new_like(ctx, op, x);
+  if (!c) return NULL;
+  float *d = c->data;
+  const float *s = x->data;
+  int64_t n = dg__numel(x), idx[DG_MAX_DIMS] = {0};
+  int nd = x->ndim;
+  if (nd >= 2 && x->stride[nd - 1] == 1) { /* contiguous rows: one memcpy each */
+    int64_t len = x->shape[nd - 1];
+    for (int64_t k = 0; k < n; k += len) {
+      int64_t off = 0;
+      for (int i = 0; i < nd - 1; i++) off += idx[i] * x->stride[i];
+      memcpy(d + k, s + off, (size_t)len * sizeof *d);
+      for (int i = nd - 2; i >= 0; i--) {
+        if (++idx[i] < x->shape[i]) break;
+        idx[i] = 0;
+      }
+    }
+    return d;
+  }
+  for (int64_t k = 0; k < n; k++) {
+    int64_t off = 0;
+    for (int i = 0; i < nd; i++) off += idx[i] * x->stride[i];
+    d[k] = s[off];
+    for (int i = nd - 1; i >= 0; i--) {
+      if (++idx[i] < x->shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return d;
+}
+
+void dg__strided_add(const dg_tensor *x, float *dst, const float *g) {
+  int64_t n = dg__numel(x), idx[DG_MAX_DIMS] = {0};
+  int nd = x->ndim;
+  if (nd >= 2 && x->stride[nd - 1] == 1) { /* contiguous rows: vector adds */
+    int64_t len = x->shape[nd - 1];
+    for (int64_t k = 0; k < n; k += len) {
+      int64_t off = 0;
+      for (int i = 0; i < nd - 1; i++) off += idx[i] * x->stride[i];
+      float *restrict dr = dst + off;
+      const float *restrict gr = g + k;
+      for (int64_t j = 0; j < len; j++) dr[j] += gr[j];
+      for (int i = nd - 2; i >= 0; i--) {
+        if (++idx[i] < x->shape[i]) break;
+        idx[i] = 0;
+      }
+    }
+    return;
+  }
+  for (int64_t k = 0; k < n; k++) {
+    int64_t off = 0;
+    for (int i = 0; i < nd; i++) off += idx[i] * x->stride[i];
+    dst[off] += g[k];
+    for (int i = nd - 1; i >= 0; i--) {
+      if (++idx[i] < x->shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
+/* ---- public constructors (arena) ---- */
+
+dg_tensor *dg_empty(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape) {
+  if (!ctx) return NULL;
+  return dg__new(ctx, "empty", dt, ndim, shape);
+}
+
+dg_tensor *dg_zeros(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape) {
+  if (!ctx) return NULL;
+  dg_tensor *t = dg__new(ctx, "zeros", dt, ndim, shape);
+  if (t) memset(t->data, 0, (size_t)dg__numel(t) * dg_dtype_size(dt));
+  return t;
+}
+
+dg_tensor *dg_full(dg_ctx *ctx, int ndim, const int64_t *shape, float value) {
+  if (!ctx) return NULL;
+  dg_tensor *t = dg__new(ctx, "full", DG_F32, ndim, shape);
+  if (!t) return NULL;
+  float *d = t->data;
+  for (int64_t i = 0, n = dg__numel(t); i < n; i++) d[i] = value;
+  return t;
+}
+
+dg_tensor *dg_from_data(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape,
+                        const void *data) {
+  if (!ctx) return NULL;
+  if (!data) {
+    dg__set_error(ctx, DG_EINVAL, "from_data: data is NULL");
+    return NULL;
+  }
+  dg_tensor *t = dg__new(ctx, "from_data", dt, ndim, shape);
+  if (t) memcpy(t->data, data, (size_t)dg__numel(t) * dg_dtype_size(dt));
+  return t;
+}
+
+dg_tensor *dg_wrap(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape, void *data) {
+  if (!ctx) return NULL;
+  if (!data) {
+    dg__set_error(ctx, DG_EINVAL, "wrap: data is NULL");
+    return NULL;
+  }
+  if (check_shape(ctx, "wrap", dt, ndim, shape)) return NULL;
+  dg_tensor *t = dg__arena_alloc(&ctx->arena, sizeof *t);
+  if (!t) {
+    dg__set_error(ctx, DG_ENOMEM, "wrap: out of memory for a tensor header");
+    return NULL;
+  }
+  memset(t, 0, sizeof *t);
+  t->data = data;
+  t->ndim = ndim;
+  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+  dg__set_contig_strides(t);
+  t->dtype = dt;
+  t->flags = DG_TF_ARENA;
+  t->param_id = -1;
+  return t;
+}
+
+dg_tensor *dg_rand(dg_ctx *ctx, int ndim, const int64_t *shape, float lo, float hi) {
+  if (!ctx) return NULL;
+  dg_tensor *t = dg__new(ctx, "rand", DG_F32, ndim, shape);
+  if (!t) return NULL;
+  float *d = t->data;
+  size_t n = (size_t)dg__numel(t);
+  dg__ctx_uniform(ctx, d, n);
+  for (size_t i = 0; i < n; i++) d[i] = lo + (hi - lo) * d[i];
+  return t;
+}
+
+dg_tensor *dg_randn(dg_ctx *ctx, int ndim, const int64_t *shape, float mean, float std) {
+  if (!ctx) return NULL;
+  dg_tensor *t = dg__new(ctx, "randn", DG_F32, ndim, shape);
+  if (!t) return NULL;
+  float *d = t->data;
+  size_t n = (size_t)dg__numel(t);
+  dg_rng_normal(ctx->rng_seed, ctx->rng_offset, d, n);
+  ctx->rng_offset += (n + 3) & ~(size_t)3;
+  for (size_t i = 0; i < n; i++) d[i] = mean + std * d[i];
+  return t;
+}
+
+/* ---- element access and conversion ---- */
+
+static double load_elem(const void *base, dg_dtype dt, int64_t off) {
+  switch (dt) {
+    case DG_F32: return ((const float *)base)[off];
+    case DG_F64: return ((const double *)base)[off];
+    case DG_F16: return dg_f16_to_f32(((const uint16_t *)base)[off]);
+    case DG_BF16: return dg_bf16_to_f32(((const uint16_t *)base)[off]);
+    case DG_I32: return ((const int32_t *)base)[off];
+    case DG_I64: return (double)((const int64_t *)base)[off];
+    default: return 0;
+  }
+}
+
+static void store_elem(void *base, dg_dtype dt, int64_t off, double v) {
+  switch (dt) {
+    case DG_F32: ((float *)base)[off] = (float)v; break;
+    case DG_F64: ((double *)base)[off] = v; break;
+    case DG_F16: ((uint16_t *)base)[off] = dg_f32_to_f16((float)v); break;
+    case DG_BF16: ((uint16_t *)base)[off] = dg_f32_to_bf16((float)v); break;
+    case DG_I32: ((int32_t *)base)[off] = (int32_t)v; break;
+    case DG_I64: ((int64_t *)base)[off] = (int64_t)v; break;
+    default: break;
+  }
+}
+
+static int64_t logical_off(const dg_tensor *t, int64_t i) {
+  int64_t off = 0;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    off += (i % t->shape[d]) * t->stride[d];
+    i /= t->shape[d];
+  }
+  return off;
+}
+
+double dg_tensor_get(const dg_tensor *t, int64_t i) {
+  if (!t || i < 0 || i >= dg__numel(t)) return 0;
+  dg__settle(t);
+  return load_elem(t->data, t->dtype, logical_off(t, i));
+}
+
+float dg_tensor_item(const dg_tensor *t) { return (float)dg_tensor_get(t, 0); }
+
+/* Converts n contiguous elements. */
+static void convert(void *dst, dg_dtype ddt, const dg_tensor *src) {
+  int64_t n = dg__numel(src);
+  if (src->dtype == DG_F32 && ddt == DG_F16 && dg__is_contig(src)) {
+    const float *s = src->data;
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = dg_f32_to_f16(s[i]);
+    return;
+  }
+  if (src->dtype == DG_F32 && ddt == DG_BF16 && dg__is_contig(src)) {
+    const float *s = src->data;
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = dg_f32_to_bf16(s[i]);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++)
+    store_elem(dst, ddt, i, load_elem(src->data, src->dtype, logical_off(src, i)));
+}
+
+dg_tensor *dg_to_dtype(dg_ctx *ctx, dg_tensor *t, dg_dtype dt) {
+  if (!ctx || dg__null_input(ctx, "to_dtype", "t", t)) return NULL;
+  /* any dtype is accepted (no dg__check_f32), so the fence is explicit */
+  if ((t->flags & DG_TF_PENDING) && dg__fence(ctx, "to_dtype", t)) return NULL;
+  dg_tensor *o = dg__new(ctx, "to_dtype", dt, t->ndim, t->shape);
+  if (o) convert(o->data, dt, t);
+  return o;
+}
+
+/* ---- persistent tensors ---- */
+
+static int persistent_new(dg_tensor **out, dg_storage *st, void *data, dg_dtype dt,
+                          int ndim, const int64_t *shape) {
+  dg_tensor *t = dg__calloc(1, sizeof *t);
+  if (!t) return DG_ENOMEM;
+  t->data = data;
+  t->ndim = ndim;
+  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+  dg__set_contig_strides(t);
+  t->dtype = dt;
+  t->storage = st;
+  t->param_id = -1;
+  st->refcount++;
+  *out = t;
+  return DG_OK;
+}
+
+int dg_tensor_new(dg_tensor **out, dg_dtype dt, int ndim, const int64_t *shape) {
+  if (!out) return DG_EINVAL;
+  *out = NULL;
+  char msg[256];
+  int rc = dg__shape_error(ndim, shape, dt, msg, sizeof msg);
+  if (rc) {
+    DG_LOGE("tensor_new: %s", msg);
+    return rc;
+  }
+  int64_t n = dg__shape_numel(ndim, shape, 1);
+  dg_storage *st = dg__calloc(1, sizeof *st);
+  if (!st) return DG_ENOMEM;
+  st->nbytes = (size_t)n * dg_dtype_size(dt);
+  st->base = dg__dev_alloc(DG_CPU, st->nbytes);
+  if (!st->base) {
+    dg__free(st);
+    return DG_ENOMEM;
+  }
+  memset(st->base, 0, st->nbytes);
+  rc = persistent_new(out, st, st->base, dt, ndim, shape);
+  if (rc) {
+    dg__dev_free(DG_CPU, st->base, st->nbytes);
+    dg__free(st);
+  }
+  return rc;
+}
+
+int dg_tensor_view(dg_tensor **out, dg_tensor *t, int64_t offset, int ndim,
+                   const int64_t *shape) {
+  if (!out) return DG_EINVAL;
+  *out = NULL;
+  if (!t || !t->storage || offset < 0) return DG_EINVAL;
+  char msg[256];
+  int rc = dg__shape_error(ndim, shape, t->dtype, msg, sizeof msg);
+  if (rc) {
+    DG_LOGE("tensor_view: %s", msg);
+    return rc;
+  }
+  int64_t n = dg__shape_numel(ndim, shape, 1);
+  size_t es = dg_dtype_size(t->dtype);
+  size_t off = (size_t)((char *)t->data - (char *)t->storage->base);
+  /* in bytes, without forming an out-of-range pointer */
+  if ((uint64_t)offset > (t->storage->nbytes - off) / es ||
+      (uint64_t)n > (t->storage->nbytes - off) / es - (uint64_t)offset)
+    return DG_ESHAPE;
+  char *d = (char *)t->data + offset * (int64_t)es;
+  return persistent_new(out, t->storage, d, t->dtype, ndim, shape);
+}
+
+void dg_tensor_free(dg_tensor *t) {
+  if (!t || (t->flags & (DG_TF_ARENA | DG_TF_PARAM))) return;
+  if (t->grad && !(t->grad->flags & DG_TF_ARENA)) dg_tensor_free(t->grad);
+  if (t->storage && --t->storage->refcount == 0) {
+    dg__dev_free(t->storage->device, t->storage->base, t->storage->nbytes);
+    dg__free(t->storage);
+  }
+  dg__free(t);
+}
+
+int dg_tensor_copy(dg_tensor *dst, const dg_tensor *src) {
+  if (!dst || !src) return DG_EINVAL;
+  if (!dg__same_shape(dst, src)) return DG_ESHAPE;
+  dg__settle(src);
+  dg__settle(dst); /* else the pending update would land on the copy */
+  if (dg__is_contig(dst)) {
+    convert(dst->data, dst->dtype, src);
+    return DG_OK;
+  }
+  for (int64_t i = 0, n = dg__numel(src); i < n; i++)
+    store_elem(dst->data, dst->dtype, logical_off(dst, i),
+               load_elem(src->data, src->dtype, logical_off(src, i)));
+  return DG_OK;
+}
+
+/* ---- inspection ---- */
+
+int dg_tensor_ndim(const dg_tensor *t) { return t ? t->ndim : 0; }
+int64_t dg_tensor_dim(const dg_tensor *t, int i) {
+  if (!t) return 0;
+  if (i < 0) i += t->ndim;
+  return (i >= 0 && i < t->ndim) ? t->shape[i] : 0;
+}
+const int64_t *dg_tensor_shape(const dg_tensor *t) { return t ? t->shape : NULL; }
+const int64_t *dg_tensor_strides(const dg_tensor *t) { return t ? t->stride : NULL; }
+int64_t dg_tensor_numel(const dg_tensor *t) { return t ? dg__numel(t) : 0; }
+dg_dtype dg_tensor_dtype(const dg_tensor *t) { return t ? t->dtype : DG_F32; }
+int dg_tensor_device(const dg_tensor *t) { return t ? t->device : DG_CPU; }
+int dg_tensor_is_contiguous(const dg_tensor *t) { return t ? dg__is_contig(t) : 0; }
+void *dg_tensor_data(const dg_tensor *t) {
+  dg__settle(t);
+  return t ? t->data : NULL;
+}
+dg_tensor *dg_tensor_grad(const dg_tensor *t) {
+  if (!t) return NULL;
+  dg__settle(t);
+  if (t->flags & DG_TF_GRAD_STALE) {
+    if (t->param_id >= 0) dg__param_grad_materialize((dg_tensor *)t);
+    else if (t->grad) {
+      memset(t->grad->data, 0, (size_t)dg__numel(t) * sizeof(float));
+      ((dg_tensor *)t)->flags &= ~(uint32_t)DG_TF_GRAD_STALE;
+    }
+  }
+  return t->grad;
+}
+int dg_tensor_requires_grad(const dg_tensor *t) { return dg__wants_grad(t); }
+
+void dg_tensor_set_requires_grad(dg_tensor *t, int on) {
+  if (!t || t->param_id >= 0) return; /* parameters: dg_params_set_trainable */
+  if (on && t->dtype == DG_F32) t->flags |= DG_TF_REQUIRES_GRAD;
+  else t->flags &= ~(uint32_t)DG_TF_REQUIRES_GRAD;
+}
+
+char *dg_tensor_shape_str(const dg_tensor *t, char *buf, size_t cap) {
+  if (!buf || !cap) return buf;
+  if (!t) {
+    snprintf(buf, cap, "(null)");
+    return buf;
+  }
+  char s[96];
+  snprintf(buf, cap, "%s %s", dg__shape_str(t, s, sizeof s), dg_dtype_name(t->dtype));
+  return buf;
+}

@@ -1,0 +1,193 @@
+/* CPU kernels shared between op files. Not API. */
+#ifndef DG_CPU_IMPL_H
+#define DG_CPU_IMPL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/core_impl.h"
+#include "core/threads_impl.h"
+
+/* Row-major C(M,N) = alpha * op(A)(M,K) op(B)(K,N) + beta * C; lda/ldb/ldc are
+ * the stored row lengths. */
+void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* db(O) (+)= column sums of dy(R, O); overwrite: store, do not add. */
+void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite);
+/* y (R, O) = res + b per row, before a GEMM accumulates (beta 1); res or b
+ * may be NULL (both: nothing is written). Split over the pool. */
+void dg__fill_rows(float *y, const float *res, const float *b, int64_t R, int64_t O);
+/* d (n) = s, or += s when acc: a gradient passed through. Split over the pool. */
+void dg__grad_pass(float *d, const float *s, int64_t n, int acc);
+
+/* ---- runtime-dispatched SIMD for element-wise kernels ----
+ *
+ * dgrad is built for the baseline x86-64 (SSE2). The hot element-wise loops
+ * are written once as an always-inline body and compiled three times by
+ * DG_SIMD_FN: for AVX-512F (512-bit vectors), for AVX2+FMA, and for the
+ * baseline; the wrapper picks one per call from dg__simd_isa(), which reads
+ * the CPU once (and DG_SIMD=base|avx2|avx512 caps it, e.g. to test the
+ * baseline path on an AVX-512 machine). The build is ISO C (-std=c11, so
+ * no FMA contraction) and every reduction names its 16 lanes, so the three
+ * builds give the same bits; tests/grad/test_grad_threads checks them
+ * against each other and 1 thread against 2. */
+enum { DG_ISA_BASE = 0, DG_ISA_AVX2 = 1, DG_ISA_AVX512 = 2 };
+/* The ISA level the kernels use (cached after the first call). */
+int dg__simd_isa(void);
+/* Caps the level at isa (tests; < 0 re-reads CPU and environment). */
+void dg__simd_force(int isa);
+
+#define DG_INLINE static inline __attribute__((always_inline))
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DG_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,prefer-vector-width=512")))
+#define DG_TARGET_AVX2 __attribute__((target("avx2,fma")))
+/* Defines `static void name params` dispatching to name##_body args
+ * (a DG_INLINE void function) compiled for each ISA. */
+#define DG_SIMD_FN(name, params, args)                                   \
+  DG_TARGET_AVX512 static void name##_avx512 params { name##_body args; } \
+  DG_TARGET_AVX2 static void name##_avx2 params { name##_body args; }     \
+  static void name##_base params { name##_body args; }                    \
+  static void name params {                                               \
+    int isa_ = dg__simd_isa();                                            \
+    if (isa_ == DG_ISA_AVX512) name##_avx512 args;                        \
+    else if (isa_ == DG_ISA_AVX2) name##_avx2 args;                       \
+    else name##_base args;                                                \
+  }
+#else
+#define DG_SIMD_FN(name, params, args) \
+  static void name params { name##_body args; }
+#endif
+
+/* Element-wise loops go parallel over the pool from 2 * grain elements.
+ * Memory-bound loops (copies, adds, relu) and compute-bound ones (gelu,
+ * tanh, exp) pay off from different sizes. */
+#define DG_GRAIN_MEM 32768
+#define DG_GRAIN_COMPUTE 8192
+
+/* Sum of 16 lanes as a tree of vector halves, not a chain of 16 dependent
+ * scalar adds (the chain dominated short rows). Clobbers a. */
+DG_INLINE float dg__lanes_sum16(float *a) {
+  for (int k = 0; k < 8; k++) a[k] += a[k + 8];
+  for (int k = 0; k < 4; k++) a[k] += a[k + 4];
+  for (int k = 0; k < 2; k++) a[k] += a[k + 2];
+  return a[0] + a[1];
+}
+
+/* Float sum of p (n) in 16 vector lanes, folded into double every 256
+ * elements: vector speed, error bounded by the block length. */
+DG_INLINE double dg__sum_blocks(const float *restrict p, int64_t n) {
+  double s = 0;
+  int64_t i = 0;
+  for (; i + 256 <= n; i += 256) {
+    float acc[16] = {0};
+    for (int64_t b = 0; b < 256; b += 16)
+      for (int k = 0; k < 16; k++) acc[k] += p[i + b + k];
+    s += dg__lanes_sum16(acc);
+  }
+  float acc[16] = {0};
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; k++) acc[k] += p[i + k];
+  s += dg__lanes_sum16(acc);
+  for (; i < n; i++) s += p[i];
+  return s;
+}
+
+/* ---- branch-free float helpers (vectorisable) ---- */
+
+DG_INLINE float dg__bits_to_f(int32_t i) {
+  float f;
+  memcpy(&f, &i, sizeof f);
+  return f;
+}
+
+DG_INLINE int32_t dg__f_to_bits(float f) {
+  int32_t i;
+  memcpy(&i, &f, sizeof i);
+  return i;
+}
+
+/* Vectorisable float kernels. gcc (default -ftrapping-math) neither
+ * if-converts a float select whose arm is computed nor a clamp whose
+ * clamped path folds to a constant, so every select below is an integer
+ * MIN or a bit mask: the loops stay branch-free.
+ *
+ * exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6
+ * polynomial, ~1 ulp). Below -87.3 it saturates at FLT_MIN, far under the
+ * precision of 1 + e where the callers use it. */
+DG_INLINE float dg__exp_poly(float x) {
+  /* x in [-87.3, 88]: 2^n stays a normal float */
+  const float magic = 12582912.0f;
+  float t = x * 1.44269504088896341f + magic;
+  int32_t n = dg__f_to_bits(t) - dg__f_to_bits(magic);
+  float fn = t - magic;
+  float r = x - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = p * r * r + r + 1.0f;
+  return y * dg__bits_to_f((n + 127) * (1 << 23));
+}
+
+DG_INLINE float dg__exp_nonpos(float x) {
+  /* sign bit forced: +0 reads as -0 (x - max is +0 at the max) */
+  int32_t xb = dg__f_to_bits(x) | INT32_MIN, lb = dg__f_to_bits(-87.3365447504f);
+  float xc = dg__bits_to_f(xb < lb ? xb : lb); /* for x <= 0 a larger int is a smaller |x| */
+  return dg__exp_poly(xc);
+}
+
+/* tanh: Cephes' odd polynomial for |x| < 0.625, where (1 - e)/(1 + e)
+ * would lose relative precision; (1 - e)/(1 + e), e = exp(-2|x|), beyond.
+ * NaN propagates. */
+DG_INLINE float dg__tanhf(float x) {
+  float ax = fabsf(x);
+  int32_t near0 = -(int32_t)(ax < 0.625f); /* all ones near 0 */
+  float xs = dg__bits_to_f(dg__f_to_bits(x) & near0), s = xs * xs;
+  float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
+                  1.33314422036e-1f) * s - 3.33332819422e-1f) * s * xs + xs;
+  float e = dg__exp_nonpos(-2.0f * ax);
+  float big = copysignf((1.0f - e) / (1.0f + e), x);
+  int32_t nan = -(int32_t)(x != x);
+  int32_t rb = (dg__f_to_bits(small) & near0) | (dg__f_to_bits(big) & ~near0);
+  return dg__bits_to_f((rb & ~nan) | (dg__f_to_bits(x) & nan));
+}
+
+/* torch's approximate='tanh' constants: sqrt(2/pi) and 0.044715. */
+#define DG_GELU_BETA 0.7978845608028654f
+#define DG_GELU_KAPPA 0.044715f
+
+/* GELU, tanh form, through the identity 0.5 (1 + tanh u) = sigmoid(2u):
+ * gelu(v) = v s, s = sigmoid(2 beta (v + kappa v^3)), from e = exp(-|2u|)
+ * (no overflow; for v << 0 no cancellation in 1 + tanh). One exp and one
+ * division, no separate small-|u| polynomial: about 1.6x faster than
+ * through dg__tanhf. exp is flushed to 0 below -87.3, so s is exactly 0 or
+ * 1 at the extremes (gelu(-inf) = nan as in torch, gelu(inf) = inf). */
+DG_INLINE float dg__gelu_s(float v, float v2) {
+  float u2 = 2.0f * DG_GELU_BETA * (v + DG_GELU_KAPPA * v2 * v);
+  float a = -fabsf(u2);
+  int32_t keep = -(int32_t)(a >= -87.3365447504f);
+  float e = dg__bits_to_f(dg__f_to_bits(dg__exp_nonpos(a)) & keep);
+  float r = 1.0f / (1.0f + e);
+  int32_t pos = -(int32_t)(u2 >= 0.0f);
+  return dg__bits_to_f((dg__f_to_bits(r) & pos) | (dg__f_to_bits(e * r) & ~pos));
+}
+
+DG_INLINE float dg__gelu(float v) { return v * dg__gelu_s(v, v * v); }
+
+/* d gelu(v) / dv = s + v s (1 - s) 2 beta (1 + 3 kappa v^2), given s. */
+DG_INLINE float dg__gelu_grad_s(float v, float v2, float s) {
+  return s + v * s * (1.0f - s) * (2.0f * DG_GELU_BETA) * (1.0f + 3.0f * DG_GELU_KAPPA * v2);
+}
+
+DG_INLINE float dg__gelu_grad(float v) {
+  float v2 = v * v;
+  return dg__gelu_grad_s(v, v2, dg__gelu_s(v, v2));
+}
+
+#endif

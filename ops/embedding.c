@@ -1,0 +1,82 @@
+/* Embedding lookup, forward and backward: out[k] = weight[idx[k]], and
+ * backward scatter-adds each output row's gradient into the weight gradient
+ * row it came from (repeated indices accumulate). The indices are validated
+ * once and kept as int64 in the node. */
+#include <string.h>
+
+#include "ops/cpu_impl.h"
+
+static int emb_backward(dg_ctx *ctx, dg_node *n) {
+  float *dw = dg__grad_buf(ctx, n->in[0]); /* (V, D) */
+  if (!dw) return ctx->err;
+  const int64_t *idx = n->extra;          /* (K) */
+  const float *dy = n->out->grad->data;   /* (K, D) */
+  int64_t K = n->i[0], D = n->i[1];
+  for (int64_t k = 0; k < K; k++) {
+    float *restrict d = dw + idx[k] * D;
+    const float *restrict g = dy + k * D;
+    for (int64_t j = 0; j < D; j++) d[j] += g[j];
+  }
+  return DG_OK;
+}
+
+/* Reads idx (any shape and strides, i32/i64) into out (K) and checks every
+ * index is in [0, V). */
+static int load_checked(dg_ctx *ctx, dg_tensor *t, int64_t V, int64_t *out) {
+  int64_t n = dg__numel(t), pos[DG_MAX_DIMS] = {0};
+  for (int64_t k = 0; k < n; k++) {
+    int64_t off = 0;
+    for (int i = 0; i < t->ndim; i++) off += pos[i] * t->stride[i];
+    int64_t v = t->dtype == DG_I32 ? ((const int32_t *)t->data)[off]
+                                   : ((const int64_t *)t->data)[off];
+    if (v < 0 || v >= V)
+      return dg__set_error(ctx, DG_EINVAL,
+                           "embedding: index %lld at position %lld is outside [0, %lld)",
+                           (long long)v, (long long)k, (long long)V);
+    out[k] = v;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+      if (++pos[i] < t->shape[i]) break;
+      pos[i] = 0;
+    }
+  }
+  return DG_OK;
+}
+
+static int emb_check(dg_ctx *ctx, dg_tensor *weight, dg_tensor *idx) {
+  char sw[96], si[96];
+  if (!dg__check_f32(ctx, "embedding", "weight", weight)) return ctx->err;
+  if (idx->dtype != DG_I32 && idx->dtype != DG_I64)
+    return dg__set_error(ctx, DG_EDTYPE, "embedding: idx %s must be i32 or i64, got %s",
+                         dg__shape_str(idx, si, sizeof si), dg_dtype_name(idx->dtype));
+  if (weight->ndim != 2 || idx->ndim + 1 > DG_MAX_DIMS)
+    return dg__set_error(ctx, DG_ESHAPE,
+                         "embedding: need weight (V, D) and idx of at most %d dims; got weight %s, idx %s",
+                         DG_MAX_DIMS - 1, dg__shape_str(weight, sw, sizeof sw),
+                         dg__shape_str(idx, si, sizeof si));
+  return DG_OK;
+}
+
+dg_tensor *dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *idx) {
+  if (!ctx || dg__null_input(ctx, "embedding", "weight", weight) ||
+      dg__null_input(ctx, "embedding", "idx", idx) || emb_check(ctx, weight, idx))
+    return NULL;
+  int64_t V = weight->shape[0], D = weight->shape[1], K = dg__numel(idx);
+  int64_t shape[DG_MAX_DIMS];
+  for (int i = 0; i < idx->ndim; i++) shape[i] = idx->shape[i];
+  shape[idx->ndim] = D;
+  dg_tensor *y = dg__new(ctx, "embedding", DG_F32, idx->ndim + 1, shape);
+  int64_t *ix = y ? dg__arena_alloc(&ctx->arena, (size_t)K * sizeof *ix) : NULL; /* (K) */
+  if (y && !ix) dg__set_error(ctx, DG_ENOMEM, "embedding: out of memory for %lld indices", (long long)K);
+  if (!ix || load_checked(ctx, idx, V, ix)) return NULL;
+  const float *w = dg__contig_data(ctx, "embedding", weight); /* (V, D) */
+  if (!w) return NULL;
+  float *yp = y->data; /* (K, D) */
+  for (int64_t k = 0; k < K; k++) memcpy(yp + k * D, w + ix[k] * D, (size_t)D * sizeof(float));
+  if (dg__needs_grad(ctx, 1, &weight)) {
+    dg_node *n = dg__record(ctx, "embedding", emb_backward, y, 1, &weight);
+    if (!n) return NULL;
+    n->extra = ix;
+    n->i[0] = K, n->i[1] = D;
+  }
+  return y;
+}

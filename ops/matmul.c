@@ -1,0 +1,389 @@
+/* matmul, batched matmul and linear, forward and backward.
+ *
+ * Operand layouts: a logical (.., R, C) operand is used in place when its last
+ * two dims are row-major (stride (ld, 1), ld >= C) or column-major (a
+ * transposed tensor, stride (1, ld), ld >= R), whatever its batch stride:
+ * the GEMM takes ld as its leading dimension and column-major just flips the
+ * transpose flag, so slices, narrowed last dims and transposes cost no copy.
+ * Anything else is packed first. Gradients are always written in the
+ * operand's logical row-major layout.
+ *
+ * A batched a (B, M, K) times a shared b (K, N) with a's rows evenly spaced
+ * is one GEMM over B*M rows, forward and backward. */
+#include <string.h>
+
+#include "ops/cpu_impl.h"
+
+typedef struct {
+  const float *p;
+  int64_t rows, cols; /* logical last two dims */
+  int64_t ld;         /* stored row (row-major) or column (column-major) stride */
+  int64_t bstride;    /* elements between batch items (0: shared or one item) */
+  int colmajor;
+} mat_view;
+
+/* Describes x's last two dims for GEMM, packing it when needed. */
+static int mat_of(dg_ctx *ctx, const char *op, dg_tensor *x, int64_t batch, mat_view *m) {
+  int nd = x->ndim;
+  m->rows = x->shape[nd - 2];
+  m->cols = x->shape[nd - 1];
+  const int64_t *s = x->stride + nd - 2;
+  int batched = nd == 3 && batch > 1;
+  /* rows of at least cols floats apart (row-major) or columns of at least
+   * rows floats apart (column-major), any batch stride: used in place */
+  if (s[1] == 1 && (s[0] >= m->cols || m->rows == 1)) {
+    m->p = x->data, m->ld = m->rows == 1 ? m->cols : s[0], m->colmajor = 0;
+  } else if (s[0] == 1 && (s[1] >= m->rows || m->cols == 1)) {
+    m->p = x->data, m->ld = m->cols == 1 ? m->rows : s[1], m->colmajor = 1;
+  } else {
+    m->p = dg__contig_data(ctx, op, x);
+    if (!m->p) return ctx->err;
+    m->ld = m->cols, m->colmajor = 0;
+    m->bstride = batched ? m->rows * m->cols : 0;
+    if (m->ld < 1) m->ld = 1;
+    return DG_OK;
+  }
+  if (m->ld < 1) m->ld = 1;
+  m->bstride = batched ? x->stride[0] : 0;
+  return DG_OK;
+}
+
+/* 1 when op(m) (t: its effective GEMM transpose flag) is stored row-major
+ * and its batch items follow each other at its row stride, so (B, M, K)
+ * reads as (B*M, K) with the same ld. */
+static int rows_flat(const mat_view *m, int64_t M, int t) {
+  return !t && (m->bstride == 0 || m->bstride == M * m->ld);
+}
+
+/* ---- matmul ---- */
+
+static int matmul_backward(dg_ctx *ctx, dg_node *n) {
+  dg_tensor *a = n->in[0], *b = n->in[1];
+  int ta = (int)n->i[0], tb = (int)n->i[1];
+  int64_t B = n->i[2];
+  dg_tensor *sa = dg__saved(ctx, n, 0), *sb = dg__saved(ctx, n, 1);
+  if (!sa || !sb) return ctx->err;
+  const float *dc = n->out->grad->data; /* (B, M, N) */
+  int64_t Mo = n->out->shape[n->out->ndim - 2], No = n->out->shape[n->out->ndim - 1];
+  int64_t K = ta ? sa->shape[sa->ndim - 2] : sa->shape[sa->ndim - 1];
+  mat_view A, Bv;
+  if (mat_of(ctx, "matmul backward", sa, B, &A) || mat_of(ctx, "matmul backward", sb, B, &Bv))
+    return ctx->err;
+  int tA = ta ^ A.colmajor, tB = tb ^ Bv.colmajor;
+  int oa, ob;
+  float *da = dg__grad_buf_w(ctx, a, &oa), *db = dg__grad_buf_w(ctx, b, &ob);
+  if ((dg__wants_grad(a) && !da) || (dg__wants_grad(b) && !db)) return ctx->err;
+  /* a shared b (batched a, 2-D b) sums over the batch: only its first
+   * product may overwrite */
+  /* gradient items are laid out by the logical shape (a stride-0 batch
+   * still has B gradients) */
+  int64_t a_bs = a->ndim == 3 ? A.rows * A.cols : 0, b_bs = b->ndim == 3 ? Bv.rows * Bv.cols : 0;
+  if (B > 1 && b->ndim == 2 && !ta && rows_flat(&A, Mo, tA)) { /* shared b: B*M rows at once */
+    if (da) dg__sgemm(0, !tB, B * Mo, K, No, 1.0f, dc, No, Bv.p, Bv.ld, oa ? 0.0f : 1.0f, da, K);
+    if (db) {
+      float beta = ob ? 0.0f : 1.0f;
+      if (!tb) dg__sgemm(1, 0, K, No, B * Mo, 1.0f, A.p, A.ld, dc, No, beta, db, No);
+      else dg__sgemm(1, 0, No, K, B * Mo, 1.0f, dc, No, A.p, A.ld, beta, db, K);
+    }
+    return DG_OK;
+  }
+  for (int64_t i = 0; i < B; i++) {
+    const float *dci = dc + i * Mo * No;
+    float beta_a = oa ? 0.0f : 1.0f, beta_b = (ob && (b_bs || i == 0)) ? 0.0f : 1.0f;
+    if (da) {
+      float *dai = da + i * a_bs; /* logical (M,K) or (K,M) row-major */
+      const float *bi = Bv.p + i * Bv.bstride;
+      if (!ta) dg__sgemm(0, !tB, Mo, K, No, 1.0f, dci, No, bi, Bv.ld, beta_a, dai, K);
+      else dg__sgemm(tB, 1, K, Mo, No, 1.0f, bi, Bv.ld, dci, No, beta_a, dai, Mo);
+    }
+    if (db) {
+      float *dbi = db + i * b_bs;
+      const float *ai = A.p + i * A.bstride;
+      if (!tb) dg__sgemm(!tA, 0, K, No, Mo, 1.0f, ai, A.ld, dci, No, beta_b, dbi, No);
+      else dg__sgemm(1, tA, No, K, Mo, 1.0f, dci, No, ai, A.ld, beta_b, dbi, K);
+    }
+  }
+  return DG_OK;
+}
+
+static int matmul_check(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, int ta, int tb,
+                        int64_t *B, int64_t *M, int64_t *N, int64_t *K) {
+  char sa[96], sb[96];
+  if (!dg__check_f32(ctx, "matmul", "a", a) || !dg__check_f32(ctx, "matmul", "b", b))
+    return ctx->err;
+  if (a->ndim < 2 || a->ndim > 3 || b->ndim < 2 || b->ndim > 3 ||
+      (a->ndim == 2 && b->ndim == 3))
+    return dg__set_error(ctx, DG_ESHAPE,
+                         "matmul: need (M,K)@(K,N), (B,M,K)@(B,K,N) or (B,M,K)@(K,N); got a %s, b %s",
+                         dg__shape_str(a, sa, sizeof sa), dg__shape_str(b, sb, sizeof sb));
+  int na = a->ndim, nb = b->ndim;
+  *M = ta ? a->shape[na - 1] : a->shape[na - 2];
+  *K = ta ? a->shape[na - 2] : a->shape[na - 1];
+  int64_t Kb = tb ? b->shape[nb - 1] : b->shape[nb - 2];
+  *N = tb ? b->shape[nb - 2] : b->shape[nb - 1];
+  *B = na == 3 ? a->shape[0] : 1;
+  if (Kb != *K || (nb == 3 && b->shape[0] != *B))
+    return dg__set_error(ctx, DG_ESHAPE, "matmul: inner dims differ: a %s%s, b %s%s",
+                         dg__shape_str(a, sa, sizeof sa), ta ? "^T" : "",
+                         dg__shape_str(b, sb, sizeof sb), tb ? "^T" : "");
+  return DG_OK;
+}
+
+dg_tensor *dg_matmul_t(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, int ta, int tb) {
+  if (!ctx || dg__null_input(ctx, "matmul", "a", a) || dg__null_input(ctx, "matmul", "b", b))
+    return NULL;
+  int64_t B = 0, M = 0, N = 0, K = 0;
+  if (matmul_check(ctx, a, b, ta, tb, &B, &M, &N, &K)) return NULL;
+  int64_t shape[3] = {B, M, N};
+  dg_tensor *c = a->ndim == 3 ? dg__new(ctx, "matmul", DG_F32, 3, shape)
+                              : dg__new(ctx, "matmul", DG_F32, 2, shape + 1);
+  if (!c) return NULL;
+  mat_view A, Bv;
+  if (mat_of(ctx, "matmul", a, B, &A) || mat_of(ctx, "matmul", b, B, &Bv)) return NULL;
+  int tA = ta ^ A.colmajor, tB = tb ^ Bv.colmajor;
+  float *cp = c->data;
+  if (B > 1 && !Bv.bstride && rows_flat(&A, M, tA)) /* shared b: one GEMM over B*M rows */
+    dg__sgemm(0, tB, B * M, N, K, 1.0f, A.p, A.ld, Bv.p, Bv.ld, 0.0f, cp, N);
+  else
+    for (int64_t i = 0; i < B; i++)
+      dg__sgemm(tA, tB, M, N, K, 1.0f, A.p + i * A.bstride, A.ld, Bv.p + i * Bv.bstride, Bv.ld,
+                0.0f, cp + i * M * N, N);
+  dg_tensor *in[2] = {a, b};
+  if (dg__needs_grad(ctx, 2, in)) {
+    dg_node *n = dg__record(ctx, "matmul", matmul_backward, c, 2, in);
+    if (!n || dg__save(ctx, n, a) || dg__save(ctx, n, b)) return NULL;
+    n->i[0] = ta, n->i[1] = tb, n->i[2] = B;
+  }
+  return c;
+}
+
+dg_tensor *dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b) {
+  return dg_matmul_t(ctx, a, b, 0, 0);
+}
+
+/* ---- linear: y(R, O) = x(R, I) w(O, I)^T + b(O) ----
+ *
+ * x is used in place when its rows are evenly spaced (any contiguous
+ * tensor, a slice, a narrowed last dim: row stride ld >= I); w in place when
+ * row- or column-major. The bias is broadcast into y by doubling copies (a
+ * handful of memcpy calls, not one per row), then the GEMM accumulates with
+ * beta 1: OpenBLAS clears C for beta 0 anyway, so this costs no extra pass.
+ * Backward: dx, dw by GEMM (beta 0 into fresh buffers), db by a vectorised
+ * column sum. */
+
+/* Row stride of x seen as (R, I) rows with unit column stride, or 0 when
+ * its rows are not evenly spaced (then it is packed). */
+static int64_t rows_ld(const dg_tensor *x, int64_t I) {
+  int nd = x->ndim;
+  if (x->stride[nd - 1] != 1 && I > 1) return 0;
+  int64_t ld = -1, next = 0; /* stride the next-outer dim must have */
+  for (int d = nd - 2; d >= 0; d--) {
+    if (x->shape[d] == 1) continue;
+    if (ld < 0) ld = x->stride[d];
+    else if (x->stride[d] != next) return 0;
+    next = x->stride[d] * x->shape[d];
+  }
+  if (ld < 0) ld = I; /* a single row */
+  return ld >= I && ld >= 1 ? ld : 0;
+}
+
+/* db(O) (+)= column sums of dy(R, O): streams dy row by row into db
+ * (O floats, cache-resident), vectorised along the row. */
+DG_INLINE void colsum_body(float *restrict db, const float *restrict dy, int64_t R, int64_t O,
+                           int overwrite) {
+  int64_t r = 0;
+  if (overwrite) {
+    if (R == 0) {
+      memset(db, 0, (size_t)O * sizeof(float));
+      return;
+    }
+    memcpy(db, dy, (size_t)O * sizeof(float));
+    r = 1;
+  }
+  for (; r < R; r++) {
+    const float *restrict row = dy + r * O;
+    for (int64_t o = 0; o < O; o++) db[o] += row[o];
+  }
+}
+DG_SIMD_FN(colsum, (float *db, const float *dy, int64_t R, int64_t O, int overwrite),
+           (db, dy, R, O, overwrite))
+
+void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite) {
+  colsum(db, dy, R, O, overwrite);
+}
+
+/* y rows [lo, hi) = b: one row copied, then doubled (a few memcpy calls,
+ * not one per row). */
+typedef struct {
+  const float *b; /* (O) */
+  float *y;       /* (R, O) */
+  int64_t O;
+} bias_job;
+
+/* y is fresh arena memory, far from the core: rows are fetched for
+ * writing FILL_PF floats ahead (a write-allocate miss per line otherwise
+ * stalls each store), a line per 16 floats. */
+#define FILL_PF 2048
+
+DG_INLINE void bias_rows_body(float *restrict y, const float *restrict b, int64_t n, int64_t O) {
+  for (int64_t i = 0; i < n; i++) {
+    float *restrict yr = y + i * O;
+    for (int64_t k = 0; k < O; k += 16) __builtin_prefetch(yr + FILL_PF + k, 1);
+    for (int64_t o = 0; o < O; o++) yr[o] = b[o];
+  }
+}
+DG_SIMD_FN(bias_rows, (float *y, const float *b, int64_t n, int64_t O), (y, b, n, O))
+
+static void bias_task(void *arg, int64_t lo, int64_t hi) {
+  const bias_job *j = arg;
+  bias_rows(j->y + lo * j->O, j->b, hi - lo, j->O);
+}
+
+/* d[lo, hi) (+)= s: the residual's gradient of dg_linear_add. */
+typedef struct {
+  float *d;
+  const float *s;
+  int acc;
+} add_job;
+
+DG_INLINE void acc_rows_body(float *restrict d, const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] += s[i];
+}
+DG_SIMD_FN(acc_rows, (float *d, const float *s, int64_t n), (d, s, n))
+
+static void add_task(void *arg, int64_t lo, int64_t hi) {
+  const add_job *j = arg;
+  if (j->acc) acc_rows(j->d + lo, j->s + lo, hi - lo);
+  else memcpy(j->d + lo, j->s + lo, (size_t)(hi - lo) * sizeof(float));
+}
+
+/* y rows [lo, hi) = res + b: the residual and bias of dg_linear_add in one
+ * pass, before the GEMM accumulates. */
+typedef struct {
+  const float *b, *res; /* (O) or NULL, (R, O) */
+  float *y;             /* (R, O) */
+  int64_t O;
+} res_job;
+
+DG_INLINE void res_bias_body(float *restrict y, const float *restrict r, const float *restrict b,
+                             int64_t rows, int64_t O) {
+  for (int64_t i = 0; i < rows; i++) {
+    for (int64_t k = 0; k < O; k += 16) __builtin_prefetch(y + i * O + FILL_PF + k, 1);
+    for (int64_t o = 0; o < O; o++) y[i * O + o] = r[i * O + o] + b[o];
+  }
+}
+DG_SIMD_FN(res_bias, (float *y, const float *r, const float *b, int64_t rows, int64_t O),
+           (y, r, b, rows, O))
+
+static void res_task(void *arg, int64_t lo, int64_t hi) {
+  const res_job *j = arg;
+  if (j->b) res_bias(j->y + lo * j->O, j->res + lo * j->O, j->b, hi - lo, j->O);
+  else memcpy(j->y + lo * j->O, j->res + lo * j->O, (size_t)((hi - lo) * j->O) * sizeof(float));
+}
+
+void dg__fill_rows(float *y, const float *res, const float *b, int64_t R, int64_t O) {
+  if (R <= 0 || O <= 0 || (!res && !b)) return;
+  int64_t grain = DG_MAX((int64_t)1, DG_GRAIN_MEM / O);
+  if (res) {
+    res_job rj = {b, res, y, O};
+    dg__parallel_range(R, grain, res_task, &rj);
+  } else {
+    bias_job bj = {b, y, O};
+    dg__parallel_range(R, grain, bias_task, &bj);
+  }
+}
+
+void dg__grad_pass(float *d, const float *s, int64_t n, int acc) {
+  add_job aj = {d, s, acc};
+  dg__parallel_range(n, DG_GRAIN_MEM, add_task, &aj);
+}
+
+static int linear_backward(dg_ctx *ctx, dg_node *n) {
+  dg_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+  dg_tensor *sx = dg__saved(ctx, n, 0), *sw = dg__saved(ctx, n, 1);
+  if (!sx || !sw) return ctx->err;
+  int64_t R = n->i[0], I = n->i[1], O = n->i[2];
+  const float *dy = n->out->grad->data; /* (R, O) */
+  int64_t ldx = rows_ld(sx, I);
+  const float *xp = ldx ? sx->data : dg__contig_data(ctx, "linear backward", sx); /* (R, I) */
+  mat_view W;
+  if (!xp || mat_of(ctx, "linear backward", sw, 1, &W)) return ctx->err; /* (O, I) */
+  if (!ldx) ldx = I;
+  /* first writers overwrite (beta 0): no memset of fresh or lazily zeroed
+   * gradient buffers */
+  int ox, ow, ob;
+  float *dx = dg__grad_buf_w(ctx, x, &ox), *dw = dg__grad_buf_w(ctx, w, &ow);
+  float *db = dg__grad_buf_w(ctx, b, &ob);
+  if (ctx->err) return ctx->err;
+  if (dx) /* dy(R,O) w(O,I) */
+    dg__sgemm(0, W.colmajor, R, I, O, 1.0f, dy, O, W.p, W.ld, ox ? 0.0f : 1.0f, dx, I);
+  if (dw) /* dy^T(O,R) x(R,I) */
+    dg__sgemm(1, 0, O, I, R, 1.0f, dy, O, xp, ldx, ow ? 0.0f : 1.0f, dw, I);
+  if (db) colsum(db, dy, R, O, ob);
+  if (n->nin > 3) { /* dg_linear_add: the residual's gradient is dy */
+    int orr;
+    float *dr = dg__grad_buf_w(ctx, n->in[3], &orr); /* (R, O) */
+    if (ctx->err) return ctx->err;
+    if (dr) dg__grad_pass(dr, dy, R * O, !orr);
+  }
+  return DG_OK;
+}
+
+static dg_tensor *linear_impl(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b,
+                              dg_tensor *res) {
+  if (!ctx || dg__null_input(ctx, "linear", "x", x) || dg__null_input(ctx, "linear", "w", w))
+    return NULL;
+  if (!dg__check_f32(ctx, "linear", "x", x) || !dg__check_f32(ctx, "linear", "w", w) ||
+      (b && !dg__check_f32(ctx, "linear", "b", b)))
+    return NULL;
+  char sx[96], sw[96], sb[96];
+  int64_t I = x->ndim ? x->shape[x->ndim - 1] : 0;
+  if (x->ndim < 1 || w->ndim != 2 || w->shape[1] != I ||
+      (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))) {
+    dg__set_error(ctx, DG_ESHAPE, "linear: x %s, w %s (want (out, %lld)), b %s",
+                  dg__shape_str(x, sx, sizeof sx), dg__shape_str(w, sw, sizeof sw),
+                  (long long)I, b ? dg__shape_str(b, sb, sizeof sb) : "none");
+    return NULL;
+  }
+  int64_t O = w->shape[0], R = 1; /* rows: the leading dims, empty or not */
+  for (int i = 0; i < x->ndim - 1; i++) R *= x->shape[i];
+  int64_t shape[DG_MAX_DIMS];
+  for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
+  shape[x->ndim - 1] = O;
+  dg_tensor *y = dg__new(ctx, "linear", DG_F32, x->ndim, shape);
+  if (!y) return NULL;
+  int64_t ldx = rows_ld(x, I);
+  const float *xp = ldx ? x->data : dg__contig_data(ctx, "linear", x); /* (R, I) */
+  mat_view W;
+  if (!xp || mat_of(ctx, "linear", w, 1, &W)) return NULL; /* (O, I) */
+  if (!ldx) ldx = I;
+  float *yp = y->data; /* (R, O) */
+  if (res && !dg__same_shape(res, y)) {
+    char sr[96], sy[96];
+    dg__set_error(ctx, DG_ESHAPE, "linear_add: residual %s, want the output's shape %s",
+                  dg__shape_str(res, sr, sizeof sr), dg__shape_str(y, sy, sizeof sy));
+    return NULL;
+  }
+  const float *bp = b ? dg__contig_data(ctx, "linear", b) : NULL;
+  const float *rp = res ? dg__contig_data(ctx, "linear", res) : NULL;
+  if ((b && !bp) || (res && !rp)) return NULL;
+  dg__fill_rows(yp, rp, bp, R, O);
+  dg__sgemm(0, !W.colmajor, R, O, I, 1.0f, xp, ldx, W.p, W.ld, b || res ? 1.0f : 0.0f, yp, O);
+  dg_tensor *in[4] = {x, w, b, res};
+  if (dg__needs_grad(ctx, res ? 4 : 3, in)) {
+    dg_node *n = dg__record(ctx, "linear", linear_backward, y, res ? 4 : b ? 3 : 2, in);
+    if (!n || dg__save(ctx, n, x) || dg__save(ctx, n, w)) return NULL;
+    n->i[0] = R, n->i[1] = I, n->i[2] = O;
+  }
+  return y;
+}
+
+dg_tensor *dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b) {
+  return linear_impl(ctx, x, w, b, NULL);
+}
+
+dg_tensor *dg_linear_add(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b, dg_tensor *res) {
+  if (ctx && dg__null_input(ctx, "linear_add", "res", res)) return NULL;
+  if (ctx && !dg__check_f32(ctx, "linear_add", "res", res)) return NULL;
+  return linear_impl(ctx, x, w, b, res);
+}
