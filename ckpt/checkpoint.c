@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "dgrad/checkpoint.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 #define CK_MAX_HEADER (100u << 20) /* as the safetensors reference reader */
 #define CK_MAX_DIMS 8

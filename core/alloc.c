@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "backends/backend.h"
 #include "core/core_impl.h"
 
 #define NCLASS 48
@@ -28,8 +29,15 @@ static int size_class(size_t n) {
   return k;
 }
 
+/* The backend of device, when this build serves it and the cache can hold
+ * its blocks (the free list lives in the blocks: host-addressable memory). */
+static const dg__backend *cached_backend(int device) {
+  return device == DG_CPU ? dg__backend_get(device) : NULL;
+}
+
 void *dg__dev_alloc(int device, size_t nbytes) {
-  if (device != DG_CPU || nbytes > ((size_t)1 << (NCLASS - 2))) return NULL;
+  const dg__backend *be = cached_backend(device);
+  if (!be || nbytes > ((size_t)1 << (NCLASS - 2))) return NULL;
   int k = size_class(nbytes);
   size_t sz = (size_t)1 << k;
   dev_cache *c = &g_dev[device];
@@ -41,13 +49,8 @@ void *dg__dev_alloc(int device, size_t nbytes) {
   }
   pthread_mutex_unlock(&g_mu);
   if (!b) {
-    /* through the user's allocator hook; align by hand and keep the
-     * original pointer just below the block */
-    char *raw = dg__malloc(sz + DG_ALIGN);
-    if (!raw) return NULL;
-    char *al = (char *)(((uintptr_t)raw + DG_ALIGN) & ~(uintptr_t)(DG_ALIGN - 1));
-    ((void **)al)[-1] = raw;
-    b = (free_block *)al;
+    b = be->raw_alloc(device, sz);
+    if (!b) return NULL;
     pthread_mutex_lock(&g_mu);
     c->st.system_allocs++;
     pthread_mutex_unlock(&g_mu);
@@ -61,7 +64,7 @@ void *dg__dev_alloc(int device, size_t nbytes) {
 }
 
 void dg__dev_free(int device, void *p, size_t nbytes) {
-  if (!p || device != DG_CPU) return;
+  if (!p || !cached_backend(device)) return;
   int k = size_class(nbytes);
   dev_cache *c = &g_dev[device];
   free_block *b = p;
@@ -90,13 +93,15 @@ void dg_mem_reset_peak(int device) {
 
 void dg_mem_empty_cache(int device) {
   if (device < 0 || device >= MAX_DEVICES) return;
+  const dg__backend *be = cached_backend(device);
+  if (!be) return;
   pthread_mutex_lock(&g_mu);
   dev_cache *c = &g_dev[device];
   for (int k = 0; k < NCLASS; k++) {
     while (c->bins[k]) {
       free_block *b = c->bins[k];
       c->bins[k] = b->next;
-      dg__free(((void **)b)[-1]);
+      be->raw_free(device, b, (size_t)1 << k);
     }
   }
   c->st.cached_bytes = 0;
@@ -104,10 +109,11 @@ void dg_mem_empty_cache(int device) {
 }
 
 void dg__dev_release(int device, void *p, size_t nbytes) {
-  if (!p || device != DG_CPU) return;
+  const dg__backend *be = cached_backend(device);
+  if (!p || !be) return;
   int k = size_class(nbytes);
   pthread_mutex_lock(&g_mu);
   g_dev[device].st.current_bytes -= (size_t)1 << k;
   pthread_mutex_unlock(&g_mu);
-  dg__free(((void **)p)[-1]);
+  be->raw_free(device, p, (size_t)1 << k);
 }

@@ -8,7 +8,8 @@
 #include "dgrad/autograd.h"
 #include "dgrad/ops.h"
 #include "dgrad/tensor.h"
-#include "core/common_impl.h"
+#include "backends/backend.h"
+#include "base/common_impl.h"
 
 #define DG_ALIGN 64
 
@@ -185,6 +186,20 @@ int dg__set_error(dg_ctx *ctx, int code, const char *fmt, ...)
 int dg__null_input(dg_ctx *ctx, const char *op, const char *what, const dg_tensor *t);
 /* Checks t is f32 on CPU; records "op: NAME must be f32, got (..) bf16". */
 int dg__check_f32(dg_ctx *ctx, const char *op, const char *what, const dg_tensor *t);
+
+/* ---- the op prologue ---- */
+
+#define DG__OPT(k) (1u << (k)) /* input k may be NULL */
+/* Every op passes this first: each input in[k] (named names[k] in
+ * messages) must be non-NULL unless optional; a parameter with a pending
+ * writer is waited for (the fence); all inputs must be on one device
+ * (DG_EDEVICE naming the op and both devices). Returns that device's
+ * backend, or NULL with the error recorded (ctx NULL: NULL). */
+const dg__backend *dg__op_begin(dg_ctx *ctx, const char *op, int n, dg_tensor *const *in,
+                                const char *const *names, unsigned optional);
+/* DG_OK when the backend has the op's kernel table, else DG_EUNSUPPORTED
+ * naming the op and the backend. */
+int dg__op_kernels(dg_ctx *ctx, const char *op, const dg__backend *be, const void *table);
 
 /* The fence, in two forms. Ops wait in their input check (dg__check_f32),
  * views in dg__alias and conversions in dg_to_dtype through dg__fence:

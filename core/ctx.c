@@ -94,6 +94,43 @@ int dg__check_f32(dg_ctx *ctx, const char *op, const char *what, const dg_tensor
   return 0;
 }
 
+const dg__backend *dg__op_begin(dg_ctx *ctx, const char *op, int n, dg_tensor *const *in,
+                                const char *const *names, unsigned optional) {
+  if (!ctx) return NULL;
+  int dev = -1, first = -1;
+  for (int k = 0; k < n; k++) {
+    const dg_tensor *t = in[k];
+    if (!t) {
+      if (optional & DG__OPT(k)) continue;
+      dg__null_input(ctx, op, names[k], t);
+      return NULL;
+    }
+    if ((t->flags & DG_TF_PENDING) && dg__fence(ctx, op, t)) return NULL;
+    if (dev < 0) {
+      dev = t->device, first = k;
+    } else if (t->device != dev) {
+      char a[24], b[24];
+      dg__set_error(ctx, DG_EDEVICE, "%s: %s is on %s but %s is on %s (move them to one device)",
+                    op, names[first], dg__device_name(dev, a, sizeof a), names[k],
+                    dg__device_name(t->device, b, sizeof b));
+      return NULL;
+    }
+  }
+  const dg__backend *be = dg__backend_get(dev < 0 ? DG_CPU : dev);
+  if (!be) {
+    char a[24];
+    dg__set_error(ctx, DG_EDEVICE, "%s: this build has no backend for %s", op,
+                  dg__device_name(dev, a, sizeof a));
+  }
+  return be;
+}
+
+int dg__op_kernels(dg_ctx *ctx, const char *op, const dg__backend *be, const void *table) {
+  if (table) return DG_OK;
+  return dg__set_error(ctx, DG_EUNSUPPORTED, "%s: not implemented on the %s backend", op,
+                       be->name);
+}
+
 /* ---- RNG stream ---- */
 
 void dg_ctx_seed(dg_ctx *ctx, uint64_t seed) {

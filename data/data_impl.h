@@ -3,7 +3,7 @@
 #define DG_DATA_IMPL_H
 
 #include "dgrad/data.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 
 #endif

@@ -15,7 +15,7 @@
 
 #include "dist/pg_impl.h"
 #include "dist/net/net_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 #define CMA_SEG ((size_t)256 << 10) /* bytes read per call: stays in cache */
 

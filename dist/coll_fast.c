@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "dist/pg_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 #define SEG_BYTES ((size_t)1 << 20)
 

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "dist/pg_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 #define RING_MAX_SEGMENT ((size_t)1 << 20)
 

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "dist/pg_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 #define RED_LOOP(T, EXPR)                          \
   do {                                             \

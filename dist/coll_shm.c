@@ -29,7 +29,7 @@
 
 #include "dist/pg_impl.h"
 #include "dist/net/net_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 #define SHM_CHUNK ((size_t)256 << 10) /* bytes per slot */
 #define SHM_NSLOT 4                   /* slots per rank (chunks in flight) */

@@ -4,7 +4,7 @@
 
 #include "dgrad/autograd.h"
 #include "dgrad/ddp.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 #define DG_DDP_ERRMSG 512
 

@@ -15,7 +15,7 @@
 #include "dgrad_config.h"
 #include "dist/pg_impl.h"
 #include "dist/net/net_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 #define INFO_FMT "dgrad %s world=%d"
 

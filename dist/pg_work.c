@@ -8,7 +8,7 @@
 
 #include "dist/pg_impl.h"
 #include "dist/net/net_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 /* dgrad-only allreduce choice: latency-bound below this many bytes. */
 #define SMALL_BYTES (64u << 10)

@@ -23,7 +23,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 #define ATT_BLK 32 /* causal GEMM block (rows of S): 32 skips a quarter of T = 64's work */
 

@@ -24,7 +24,8 @@
  * compute pool when long: element-wise, so any split gives the same bits. */
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV };
 static const char *const op_names[] = {"add", "sub", "mul", "div"};

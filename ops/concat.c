@@ -13,7 +13,8 @@
  * contiguous copy. */
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 /* dst[o * dst_row + j] += src[o * src_row + j] for o < outer, j < len
  * (= when store). */

@@ -18,7 +18,8 @@
  * gradients are stored (GEMM beta 0 for the first image), not zeroed. */
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 typedef struct {
   int64_t N, C, H, W, O, KH, KW, OH, OW, s, p;

@@ -6,7 +6,8 @@
  * same uniforms again. No mask memory, and the mask is reproducible from the
  * seed. Uniforms are drawn in chunks into a stack buffer; chunking does not
  * change them (element i always comes from offset + i). */
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 #define DROP_CHUNK 256 /* a multiple of 4: chunked draws advance the stream like one draw */
 

@@ -4,7 +4,8 @@
  * once and kept as int64 in the node. */
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 static int emb_backward(dg_ctx *ctx, dg_node *n) {
   float *dw = dg__grad_buf(ctx, n->in[0]); /* (V, D) */

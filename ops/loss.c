@@ -9,7 +9,8 @@
  * loss is summed over the rows in order (thread-count invariant). */
 #include <math.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 /* Integer tensor t (any shape, any strides, i32/i64) as a contiguous int64
  * arena array. */

@@ -7,7 +7,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 static int mask_backward(dg_ctx *ctx, dg_node *n) {
   int ow;

@@ -12,7 +12,8 @@
  * is one GEMM over B*M rows, forward and backward. */
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 typedef struct {
   const float *p;

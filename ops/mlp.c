@@ -21,7 +21,8 @@
  * and db2 = colsum(dy) once. First writers overwrite (beta 0). */
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 #define MLP_BLOCK_FLOATS (1 << 17) /* 512 KiB per scratch block */
 

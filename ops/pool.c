@@ -8,7 +8,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 typedef struct {
   int64_t planes, H, W, OH, OW, k, s; /* planes = N*C */

@@ -7,7 +7,8 @@
  * with the length; results are rounded to float once. */
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 /* Sum of x (n) over 16 double lanes (the float -> double adds vectorise). */
 static double sum_f32(const float *restrict x, int64_t n) {

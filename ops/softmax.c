@@ -10,7 +10,8 @@
  *   log_softmax: dx = dy - exp(y) * sum(dy) */
 #include <math.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 /* exp(x) for x <= 0, exactly 0 below -87.3 (cpu_impl.h's kernel saturates
  * at FLT_MIN there). */

@@ -21,7 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 /* sigmoid from e = exp(-|x|): 1/(1 + e) for x >= 0, e/(1 + e) below, with
  * no overflow anywhere. NaN propagates. */
@@ -36,41 +37,6 @@ DG_INLINE float fast_sigmoidf(float x) {
 /* exp(x) for x in [-87.3, 88]: exp_nonpos's reduction and polynomial,
  * without the clamp. */
 DG_INLINE float exp_mid(float x) { return dg__exp_poly(x); }
-
-/* ---- ISA selection (declared in cpu_impl.h) ---- */
-
-static int g_isa = -1;
-
-static int detect_isa(void) {
-  int isa = DG_ISA_BASE;
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isa = DG_ISA_AVX2;
-  if (isa == DG_ISA_AVX2 && __builtin_cpu_supports("avx512f")) isa = DG_ISA_AVX512;
-#endif
-  const char *e = getenv("DG_SIMD");
-  if (e) {
-    int cap = !strcmp(e, "base") || !strcmp(e, "default") || !strcmp(e, "sse2") ? DG_ISA_BASE
-              : !strcmp(e, "avx2")                                              ? DG_ISA_AVX2
-                                                                                : DG_ISA_AVX512;
-    if (cap < isa) isa = cap;
-  }
-  return isa;
-}
-
-int dg__simd_isa(void) {
-  int isa = __atomic_load_n(&g_isa, __ATOMIC_RELAXED);
-  if (isa < 0) {
-    isa = detect_isa();
-    __atomic_store_n(&g_isa, isa, __ATOMIC_RELAXED);
-  }
-  return isa;
-}
-
-void dg__simd_force(int isa) {
-  int d = detect_isa();
-  __atomic_store_n(&g_isa, isa < 0 || isa > d ? d : isa, __ATOMIC_RELAXED);
-}
 
 typedef enum { U_RELU, U_GELU, U_TANH, U_SIGMOID, U_EXP, U_LOG } unary_kind;
 static const char *const unary_names[] = {"relu", "gelu", "tanh", "sigmoid", "exp", "log"};

@@ -4,7 +4,8 @@
  * gradient is fresh. */
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 
 /* d (n) += s (n), or d = s when store. */
 static void add_or_copy(int store, float *restrict d, const float *restrict s, int64_t n) {

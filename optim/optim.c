@@ -4,8 +4,9 @@
 #include <string.h>
 
 #include "optim/optim_impl.h"
-#include "ops/cpu_impl.h"
-#include "core/threads_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
+#include "base/threads_impl.h"
 
 int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const char *name,
                     int nstate, const char *const *state_names) {

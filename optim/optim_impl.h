@@ -3,7 +3,7 @@
 #define DG_OPTIM_IMPL_H
 
 #include "dgrad/optim.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 #define DG_OPTIM_MAX_STATE 2
 

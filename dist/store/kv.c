@@ -6,7 +6,7 @@
 
 #include "dist/store/kv_impl.h"
 #include "dist/store/store_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 static uint64_t kv_hash(const char *k, size_t n) {
   return dg__std_hash_bytes(k, n, 0x9e3779b97f4a7c15ULL);

@@ -8,7 +8,7 @@
 #include "dist/store/kv_impl.h"
 #include "dist/store/store_impl.h"
 #include "dist/net/net_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 typedef struct {
   pthread_mutex_t mu;

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "dist/store/store_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 typedef struct {
   dg_store base;

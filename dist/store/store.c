@@ -5,7 +5,7 @@
 
 #include "dist/store/store_impl.h"
 #include "dist/net/net_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 void dg__store_init(dg_store *s, const dg_store_vt *vt, int timeout_ms) {
   s->vt = vt;

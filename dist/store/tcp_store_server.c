@@ -14,7 +14,7 @@
 #include "dist/store/kv_impl.h"
 #include "dist/store/tcp_store_impl.h"
 #include "dist/net/net_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 typedef struct {
   unsigned char *p;

@@ -79,6 +79,10 @@ typedef enum {
   DG_NDTYPES = 6
 } dg_dtype;
 
+/* Devices: DG_CPU, or DG_CUDA + n for CUDA device n. */
+#define DG_CPU 0
+#define DG_CUDA 1
+
 DG_API size_t dg_dtype_size(dg_dtype dt);
 DG_API const char *dg_dtype_name(dg_dtype dt); /* "f32", ...; "?" when invalid */
 

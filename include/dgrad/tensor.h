@@ -31,9 +31,7 @@ typedef struct dg_ctx dg_ctx;
 typedef struct dg_tensor dg_tensor;
 typedef struct dg_params dg_params;
 
-/* Devices: DG_CPU, or DG_CUDA + n for CUDA device n. */
-#define DG_CPU 0
-#define DG_CUDA 1
+/* Devices (DG_CPU, DG_CUDA + n) are defined in common.h. */
 
 /* ---- context ---- */
 

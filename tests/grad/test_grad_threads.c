@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/cpu_impl.h"
+#include "core/core_impl.h"
+#include "backends/cpu/cpu_impl.h"
 #include "test.h"
 
 typedef dg_tensor *(*op_fn)(dg_ctx *ctx, dg_tensor **in);

@@ -11,13 +11,13 @@ fails=0
 "$py" "$root/scripts/check_layers.py" "$root" || { echo "FAIL: the tree breaks its layers"; fails=1; }
 for case in up private; do
   rm -rf "$tmp/t" && mkdir "$tmp/t"
-  for d in core autograd ops nn optim ckpt data dist include; do cp -r "$root/$d" "$tmp/t/"; done
+  for d in base backends core autograd ops nn optim ckpt data dist include; do cp -r "$root/$d" "$tmp/t/"; done
   if [ $case = up ]; then
     printf '#include "dgrad/ddp.h"\n' >>"$tmp/t/core/ctx.c"
     want='core/ctx.c (core) includes dgrad/ddp.h (dist.ddp)'
   else
-    printf '#include "ops/cpu_impl.h"\n' >>"$tmp/t/nn/module.c"
-    want='nn/module.c includes ops/cpu_impl.h'
+    printf '#include "backends/cpu/cpu_impl.h"\n' >>"$tmp/t/nn/module.c"
+    want='nn/module.c includes backends/cpu/cpu_impl.h'
   fi
   if "$py" "$root/scripts/check_layers.py" "$tmp/t" >"$tmp/out"; then
     echo "FAIL ($case): the check passed a wrong-way include"; fails=1

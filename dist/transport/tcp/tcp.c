@@ -19,7 +19,7 @@
 
 #include "dist/net/net_impl.h"
 #include "dist/transport/tcp/tcp_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 #define X(x) ((dg_tcp_xport *)(x))
 /* Bytes read from one socket before the lock is let go once. */

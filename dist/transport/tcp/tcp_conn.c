@@ -12,7 +12,7 @@
 
 #include "dist/net/net_impl.h"
 #include "dist/transport/tcp/tcp_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 typedef struct {
   int lfd;     /* our listener for this pair (-1 once closed) */

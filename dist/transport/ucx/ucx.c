@@ -18,7 +18,7 @@
 
 #include "dist/net/net_impl.h"
 #include "dist/transport/ucx/ucx_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 #define X(x) ((dg_ucx_xport *)(x))
 /* Sleep of the idle progress thread between keepalive rounds (ms). */

@@ -11,7 +11,7 @@
 
 #include "dist/net/net_impl.h"
 #include "dist/transport/ucx/ucx_impl.h"
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 /* How long a leaving rank lets its BYE and endpoint closes take (ms). */
 #define LEAVE_MS 1000

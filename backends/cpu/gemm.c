@@ -1,8 +1,8 @@
 /* Row-major SGEMM: C(M,N) = alpha * op(A) op(B) + beta * C. OpenBLAS when the
  * build has it, else a plain blocked loop (correct, not fast). */
 #include "dgrad_config.h"
-#include "ops/cpu_impl.h"
-#include "core/threads_impl.h"
+#include "backends/cpu/cpu_impl.h"
+#include "base/threads_impl.h"
 
 #if DG_HAVE_BLAS
 #include <cblas.h>

@@ -3,7 +3,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "core/common_impl.h"
+#include "base/common_impl.h"
 
 const char *dg_version(void) { return "0.1.0"; }
 unsigned dg_version_hex(void) { return DG_VERSION_HEX; }

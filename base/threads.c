@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "dgrad_config.h"
-#include "core/core_impl.h"
-#include "core/threads_impl.h"
+#include "base/common_impl.h"
+#include "base/threads_impl.h"
 
 #if DG_HAVE_OPENBLAS
 void openblas_set_num_threads(int n);

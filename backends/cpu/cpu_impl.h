@@ -1,4 +1,6 @@
-/* CPU kernels shared between op files. Not API. */
+/* The CPU backend's kernels and helpers, private to backends/cpu/ (and to
+ * the op files not yet split into op and kernel, listed in
+ * scripts/check_layers.py). Not API. */
 #ifndef DG_CPU_IMPL_H
 #define DG_CPU_IMPL_H
 
@@ -6,8 +8,14 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "core/core_impl.h"
-#include "core/threads_impl.h"
+#include "backends/backend.h"
+#include "base/common_impl.h"
+#include "base/threads_impl.h"
+
+#define DG_CPU_ALIGN 64 /* every block: one cache line, one AVX-512 vector */
+
+/* Kernel tables of the families already moved into backends/cpu/. */
+extern const struct dg__kern_norm dg__cpu_kern_norm;
 
 /* Row-major C(M,N) = alpha * op(A)(M,K) op(B)(K,N) + beta * C; lda/ldb/ldc are
  * the stored row lengths. */

@@ -1,0 +1,43 @@
+/* The CPU backend: host memory through the user's allocator hook, memcpy,
+ * and the kernel tables of backends/cpu/. */
+#include <string.h>
+
+#include "backends/backend.h"
+#include "backends/cpu/cpu_impl.h"
+
+static int cpu_probe(int dev, char *err, size_t cap) {
+  if (dev == DG_CPU) return DG_OK;
+  return dg__fail_msg(err, cap, DG_EDEVICE, "cpu backend: device %d is not the cpu", dev);
+}
+
+/* DG_ALIGN-aligned blocks through the user's allocator hook: aligned by
+ * hand, the original pointer kept just below the block. */
+static void *cpu_raw_alloc(int dev, size_t bytes) {
+  (void)dev;
+  char *raw = dg__malloc(bytes + DG_CPU_ALIGN);
+  if (!raw) return NULL;
+  char *al = (char *)(((uintptr_t)raw + DG_CPU_ALIGN) & ~(uintptr_t)(DG_CPU_ALIGN - 1));
+  ((void **)al)[-1] = raw;
+  return al;
+}
+
+static void cpu_raw_free(int dev, void *p, size_t bytes) {
+  (void)dev, (void)bytes;
+  if (p) dg__free(((void **)p)[-1]);
+}
+
+static int cpu_copy(void *dst, int ddev, const void *src, int sdev, size_t bytes) {
+  if (ddev != DG_CPU || sdev != DG_CPU) return DG_EDEVICE;
+  if (bytes) memmove(dst, src, bytes);
+  return DG_OK;
+}
+
+const dg__backend dg__cpu_backend = {
+    .name = "cpu",
+    .probe = cpu_probe,
+    .raw_alloc = cpu_raw_alloc,
+    .raw_free = cpu_raw_free,
+    .copy = cpu_copy,
+    /* kernel tables (one line per family, filled as families move here) */
+    .norm = &dg__cpu_kern_norm,
+};

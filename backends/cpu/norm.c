@@ -1,0 +1,164 @@
+/* Layer normalisation kernels of the CPU backend (the op: ops/norm.c).
+ *
+ * Forward computes each row's mean and variance in two passes (no
+ * cancellation), summing in float vector lanes folded into double every 256
+ * elements, and keeps mean and rstd = 1 / sqrt(var + eps) per row, so
+ * backward need not recompute them:
+ *   xhat = (x - mean) * rstd,  g = dy * w
+ *   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+ *   dw += sum_rows dy * xhat,  db += sum_rows dy
+ * The kernels are compiled per ISA (DG_SIMD_FN) and split over the pool:
+ * forward and dx by rows, dw/db by columns (each column summed over the rows
+ * in order), so any thread count gives the same bits. Fresh gradients are
+ * stored, not zeroed and accumulated. */
+#include <math.h>
+#include <string.h>
+
+#include "backends/cpu/cpu_impl.h"
+#include "backends/kern_norm.h"
+
+/* Float vector sums of (x - m)^2, of g and of g * (x - m) * rs over a row,
+ * folded into double every 256 elements (vector speed, block-bounded
+ * error). */
+#define LN_BLOCK 256
+/* backward prefetches x this many rows ahead */
+#define LN_PF 8
+
+DG_INLINE double sumsq_dev(const float *restrict x, float m, int64_t C) {
+  double s = 0;
+  for (int64_t i0 = 0; i0 < C; i0 += LN_BLOCK) {
+    int64_t i1 = DG_MIN(C, i0 + LN_BLOCK);
+    float acc = 0;
+    float a16[16] = {0};
+    int64_t i = i0;
+    for (; i + 16 <= i1; i += 16)
+      for (int k = 0; k < 16; k++) {
+        float d = x[i + k] - m;
+        a16[k] += d * d;
+      }
+    for (; i < i1; i++) acc += (x[i] - m) * (x[i] - m);
+    acc += dg__lanes_sum16(a16);
+    s += acc;
+  }
+  return s;
+}
+
+typedef dg__ln_args ln_job;
+
+/* Forward, rows [r0, r1): y = (x - mean) * rstd * w + b; fills mean, rstd. */
+DG_INLINE void ln_fwd_rows_body(const ln_job *j, int64_t r0, int64_t r1) {
+  const int64_t C = j->C;
+  const float *restrict w = j->w, *restrict b = j->b;
+  for (int64_t r = r0; r < r1; r++) {
+    const float *restrict xr = j->x + r * C;
+    float *restrict yr = j->y + r * C;
+    double mu = dg__sum_blocks(xr, C) / (double)C;
+    float m = (float)mu;
+    /* the deviation from the float mean, corrected for its rounding */
+    double dm = mu - (double)m, v = sumsq_dev(xr, m, C) / (double)C - dm * dm;
+    float rs = (float)(1.0 / sqrt((v > 0 ? v : 0) + j->eps));
+    j->mean[r] = m, j->rstd[r] = rs;
+    if (w && b)
+      for (int64_t i = 0; i < C; i++) yr[i] = (xr[i] - m) * rs * w[i] + b[i];
+    else if (w)
+      for (int64_t i = 0; i < C; i++) yr[i] = (xr[i] - m) * rs * w[i];
+    else if (b)
+      for (int64_t i = 0; i < C; i++) yr[i] = (xr[i] - m) * rs + b[i];
+    else
+      for (int64_t i = 0; i < C; i++) yr[i] = (xr[i] - m) * rs;
+  }
+}
+DG_SIMD_FN(ln_fwd_rows, (const ln_job *j, int64_t r0, int64_t r1), (j, r0, r1))
+
+/* Backward, dx rows [r0, r1): dx = rstd * (g - mean(g) - xhat * mean(g * xhat)). */
+DG_INLINE void ln_bwd_rows_body(const ln_job *j, int64_t r0, int64_t r1) {
+  const int64_t C = j->C;
+  const float *restrict w = j->w;
+  for (int64_t r = r0; r < r1; r++) {
+    const float *restrict xr = j->x + r * C, *restrict gr = j->dy + r * C;
+    float *restrict dr = j->y + r * C;
+    if (r + LN_PF < r1) { /* x was saved in forward: far by now */
+      for (int64_t k = 0; k < C; k += 16) __builtin_prefetch(xr + LN_PF * C + k);
+    }
+    const float mu = j->mean[r], rs = j->rstd[r];
+    double sg = 0, sgx = 0; /* sums of g and g * xhat */
+    for (int64_t i0 = 0; i0 < C; i0 += LN_BLOCK) {
+      int64_t i1 = DG_MIN(C, i0 + LN_BLOCK);
+      float a[16] = {0}, ax[16] = {0}, t = 0, tx = 0;
+      int64_t i = i0;
+      for (; i + 16 <= i1; i += 16)
+        for (int k = 0; k < 16; k++) {
+          float g = w ? gr[i + k] * w[i + k] : gr[i + k];
+          a[k] += g;
+          ax[k] += g * ((xr[i + k] - mu) * rs);
+        }
+      for (; i < i1; i++) {
+        float g = w ? gr[i] * w[i] : gr[i];
+        t += g;
+        tx += g * ((xr[i] - mu) * rs);
+      }
+      t += dg__lanes_sum16(a), tx += dg__lanes_sum16(ax);
+      sg += t, sgx += tx;
+    }
+    float mg = (float)(sg / (double)C), mgx = (float)(sgx / (double)C);
+    if (j->acc) {
+      for (int64_t i = 0; i < C; i++) {
+        float g = w ? gr[i] * w[i] : gr[i];
+        dr[i] += rs * (g - mg - (xr[i] - mu) * rs * mgx);
+      }
+    } else {
+      for (int64_t i = 0; i < C; i++) {
+        float g = w ? gr[i] * w[i] : gr[i];
+        dr[i] = rs * (g - mg - (xr[i] - mu) * rs * mgx);
+      }
+    }
+  }
+}
+DG_SIMD_FN(ln_bwd_rows, (const ln_job *j, int64_t r0, int64_t r1), (j, r0, r1))
+
+/* Backward, columns [c0, c1) of dw += sum_rows dy * xhat and db += sum_rows
+ * dy, rows in order whatever the split (same bits for any thread count). */
+DG_INLINE void ln_bwd_cols_body(const ln_job *j, int64_t c0, int64_t c1) {
+  const int64_t C = j->C, n = c1 - c0;
+  float *restrict dw = j->dw ? j->dw + c0 : NULL, *restrict db = j->db ? j->db + c0 : NULL;
+  for (int64_t r = 0; r < j->R; r++) {
+    const float *restrict xr = j->x + r * C + c0, *restrict gr = j->dy + r * C + c0;
+    if (r + LN_PF < j->R) {
+      for (int64_t k = 0; k < n; k += 16) __builtin_prefetch(xr + LN_PF * C + k);
+    }
+    const float mu = j->mean[r], rs = j->rstd[r];
+    if (dw) {
+      if (r || j->accw) for (int64_t i = 0; i < n; i++) dw[i] += gr[i] * ((xr[i] - mu) * rs);
+      else for (int64_t i = 0; i < n; i++) dw[i] = gr[i] * ((xr[i] - mu) * rs);
+    }
+    if (db) {
+      if (r || j->accb) for (int64_t i = 0; i < n; i++) db[i] += gr[i];
+      else for (int64_t i = 0; i < n; i++) db[i] = gr[i];
+    }
+  }
+}
+DG_SIMD_FN(ln_bwd_cols, (const ln_job *j, int64_t c0, int64_t c1), (j, c0, c1))
+
+static void fwd_task(void *arg, int64_t lo, int64_t hi) { ln_fwd_rows(arg, lo, hi); }
+static void bwd_rows_task(void *arg, int64_t lo, int64_t hi) { ln_bwd_rows(arg, lo, hi); }
+static void bwd_cols_task(void *arg, int64_t lo, int64_t hi) { ln_bwd_cols(arg, lo, hi); }
+
+/* Rows per pool chunk: about 16K elements. */
+static int64_t row_grain(int64_t C) { return DG_MAX((int64_t)1, 16384 / DG_MAX(C, (int64_t)1)); }
+
+static void cpu_ln_fwd(const dg__ln_args *a) {
+  dg__parallel_range(a->R, row_grain(a->C), fwd_task, (void *)a);
+}
+
+static void cpu_ln_bwd(const dg__ln_args *a) {
+  if ((a->dw || a->db) && a->R == 0) { /* no rows: a fresh dw/db is zero */
+    if (a->dw && !a->accw) memset(a->dw, 0, (size_t)a->C * sizeof *a->dw);
+    if (a->db && !a->accb) memset(a->db, 0, (size_t)a->C * sizeof *a->db);
+  } else if (a->dw || a->db) {
+    dg__parallel_range(a->C, DG_MAX((int64_t)16, 16384 / DG_MAX(a->R, (int64_t)1)),
+                       bwd_cols_task, (void *)a);
+  }
+  if (a->y) dg__parallel_range(a->R, row_grain(a->C), bwd_rows_task, (void *)a);
+}
+
+const struct dg__kern_norm dg__cpu_kern_norm = {cpu_ln_fwd, cpu_ln_bwd};
