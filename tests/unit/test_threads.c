@@ -6,7 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/threads_impl.h"
+#include "base/threads_impl.h"
 #include "test.h"
 
 static atomic_int counts[16];
