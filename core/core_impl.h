@@ -189,7 +189,7 @@ int dg__check_f32(dg_ctx *ctx, const char *op, const char *what, const dg_tensor
 
 /* ---- the op prologue ---- */
 
-#define DG__OPT(k) (1u << (k)) /* input k may be NULL */
+#define DG__OPT(k) (1u << (k)) /* input k (< 32) may be NULL; later inputs are required */
 /* Every op passes this first: each input in[k] (named names[k] in
  * messages) must be non-NULL unless optional; a parameter with a pending
  * writer is waited for (the fence); all inputs must be on one device
@@ -251,9 +251,6 @@ int64_t dg__shape_numel(int ndim, const int64_t *shape, size_t es);
 int dg__shape_error(int ndim, const int64_t *shape, dg_dtype dt, char *msg, size_t cap);
 /* Contiguous f32 data of x: x->data itself, or a packed arena copy. */
 const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x);
-/* Scatter-add contiguous g (x's logical shape) into a strided destination
- * with x's strides. */
-void dg__strided_add(const dg_tensor *x, float *dst_base, const float *g);
 
 /* ---- autograd helpers for ops ---- */
 
@@ -298,8 +295,7 @@ static inline int dg__wants_grad(const dg_tensor *t) {
 /* Forgets every context's attachment of ps (dg_params_free). */
 void dg__params_detach_all(dg_params *ps);
 
-/* ---- RNG ---- */
-void dg__philox(uint64_t seed, uint64_t counter, uint32_t out[4]);
+/* ---- RNG (the generator: base/rng_impl.h) ---- */
 /* Draws n uniforms from ctx's stream and advances it. */
 void dg__ctx_uniform(dg_ctx *ctx, float *out, size_t n);
 

@@ -165,35 +165,6 @@ const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x) {
   return d;
 }
 
-void dg__strided_add(const dg_tensor *x, float *dst, const float *g) {
-  int64_t n = dg__numel(x), idx[DG_MAX_DIMS] = {0};
-  int nd = x->ndim;
-  if (nd >= 2 && x->stride[nd - 1] == 1) { /* contiguous rows: vector adds */
-    int64_t len = x->shape[nd - 1];
-    for (int64_t k = 0; k < n; k += len) {
-      int64_t off = 0;
-      for (int i = 0; i < nd - 1; i++) off += idx[i] * x->stride[i];
-      float *restrict dr = dst + off;
-      const float *restrict gr = g + k;
-      for (int64_t j = 0; j < len; j++) dr[j] += gr[j];
-      for (int i = nd - 2; i >= 0; i--) {
-        if (++idx[i] < x->shape[i]) break;
-        idx[i] = 0;
-      }
-    }
-    return;
-  }
-  for (int64_t k = 0; k < n; k++) {
-    int64_t off = 0;
-    for (int i = 0; i < nd; i++) off += idx[i] * x->stride[i];
-    dst[off] += g[k];
-    for (int i = nd - 1; i >= 0; i--) {
-      if (++idx[i] < x->shape[i]) break;
-      idx[i] = 0;
-    }
-  }
-}
-
 /* ---- public constructors (arena) ---- */
 
 dg_tensor *dg_empty(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape) {

@@ -1,4 +1,5 @@
-/* Fused multi-head self-attention, forward and backward.
+/* Fused multi-head self-attention, forward and backward (the op:
+ * validation, recording, backward wiring).
  *
  * dg_attention(qkv (B, T, 3C), heads, causal, scale) -> y (B, T, C): for every
  * (batch b, head h), with hd = C / heads and q, k, v the (T, hd) column blocks
@@ -8,244 +9,47 @@
  *   P = softmax(S) over j (j <= i if causal) (T, T), zero above the diagonal
  *   y[:, h*hd : (h+1)*hd] = P v             (T, hd), row stride C
  *
- * The GEMMs run on strided views of qkv and write y in place: no split, no
- * head permute, no contiguous copies. Mask, scale and softmax are one pass
- * over j <= i. Backward, from the saved qkv and P:
- *
- *   dv = P^T dy,  dP = dy v^T,  dS = scale * P * (dP - rowsum(dP * P)),
- *   dq = dS k,    dk = dS^T q
- *
- * written straight into the (B, T, 3C) gradient of qkv (the first writer
- * overwrites). With a causal mask the GEMMs go by blocks of ATT_BLK rows and
- * skip the blocks above the diagonal. (b, h) pairs run on the compute pool;
- * each task calls the single-threaded GEMM. Nothing is allocated outside the
- * arena: P (B, H, T, T) is saved, the backward's dP/dS is per-task scratch. */
+ * P (B, H, T, T) is saved for backward, which writes straight into the
+ * (B, T, 3C) gradient of qkv (the first writer overwrites). The kernels are
+ * the backend's (backends/kern_attention.h); their scratch comes from the
+ * arena. */
 #include <math.h>
-#include <string.h>
 
+#include "backends/kern_attention.h"
 #include "core/core_impl.h"
-#include "backends/cpu/cpu_impl.h"
 
-#define ATT_BLK 32 /* causal GEMM block (rows of S): 32 skips a quarter of T = 64's work */
-
-/* exp(x) for x <= 0, branch-free so row loops vectorise: cpu_impl.h's
- * Cephes kernel (~1 ulp), flushed to 0 below -87.3 (and for -inf) where
- * that saturates at FLT_MIN. */
-DG_INLINE float att_exp(float x) {
-  int32_t keep = -(int32_t)(x >= -87.3365447504f);
-  return dg__bits_to_f(dg__f_to_bits(dg__exp_nonpos(x)) & keep);
-}
-
-/* Float bits -> an int32 in the same order (negatives flipped); f_key_inv
- * undoes it. */
-DG_INLINE int32_t f_key(float x) {
-  int32_t b = dg__f_to_bits(x);
-  return b ^ ((b >> 31) & INT32_MAX);
-}
-DG_INLINE int32_t f_key_inv(int32_t k) { return k ^ ((k >> 31) & INT32_MAX); }
-
-/* Horizontal max of 16 lanes as a tree (vector halves), not a chain of 16
- * dependent scalar ops; sums use dg__lanes_sum16. */
-DG_INLINE int32_t lanes_max(int32_t *a) {
-  for (int k = 0; k < 8; k++) a[k] = a[k + 8] > a[k] ? a[k + 8] : a[k];
-  for (int k = 0; k < 4; k++) a[k] = a[k + 4] > a[k] ? a[k + 4] : a[k];
-  for (int k = 0; k < 2; k++) a[k] = a[k + 2] > a[k] ? a[k + 2] : a[k];
-  return a[1] > a[0] ? a[1] : a[0];
-}
-
-/* Valid length of row i (n) and its length padded to whole 16-float chunks
- * inside the row (nv); loops below go by chunks of 16 (one vector each, no
- * vector epilogue for these short rows) and finish [n16, nv) scalar, which
- * only happens when T % 16 != 0. */
-#define ROW_LENS(i, T, causal, n, nv, n16)                                          \
-  int64_t n = (causal) ? (i) + 1 : (T);                                             \
-  int64_t nv = (causal) ? DG_MIN((n + 15) & ~(int64_t)15, (T)) : (T);               \
-  int64_t n16 = nv & ~(int64_t)15
-
-/* Rows [r0, r1) of S (T, T), in place: row i (its first n_i = i + 1 entries
- * when causal, else all T, already scaled) -> softmax, zeros beyond n_i.
- * A causal row is padded with -inf to nv, whose exp is 0. */
-DG_INLINE void softmax_rows_body(float *restrict S, int64_t r0, int64_t r1, int64_t T,
-                                 int causal) {
-  for (int64_t i = r0; i < r1; i++) {
-    float *restrict s = S + i * T;
-    ROW_LENS(i, T, causal, n, nv, n16);
-    int64_t j;
-    for (j = n; j < nv; j++) s[j] = -INFINITY;
-    /* max on order-preserving integer keys: gcc vectorises an integer
-     * max, not a float one (NaN semantics) */
-    int32_t mx[16];
-    for (int k = 0; k < 16; k++) mx[k] = INT32_MIN;
-    for (j = 0; j < n16; j += 16)
-      for (int k = 0; k < 16; k++) {
-        int32_t key = f_key(s[j + k]);
-        mx[k] = key > mx[k] ? key : mx[k];
-      }
-    for (; j < nv; j++) mx[0] = f_key(s[j]) > mx[0] ? f_key(s[j]) : mx[0];
-    float m = dg__bits_to_f(f_key_inv(lanes_max(mx)));
-    float acc[16] = {0};
-    for (j = 0; j < n16; j += 16)
-      for (int k = 0; k < 16; k++) {
-        float e = att_exp(s[j + k] - m);
-        s[j + k] = e;
-        acc[k] += e;
-      }
-    for (; j < nv; j++) {
-      s[j] = att_exp(s[j] - m);
-      acc[0] += s[j];
-    }
-    float inv = 1.0f / dg__lanes_sum16(acc);
-    for (j = 0; j < n16; j += 16)
-      for (int k = 0; k < 16; k++) s[j + k] *= inv;
-    for (; j < nv; j++) s[j] *= inv;
-    for (j = nv; j + 16 <= T; j += 16)
-      for (int k = 0; k < 16; k++) s[j + k] = 0.0f;
-    for (; j < T; j++) s[j] = 0.0f;
-  }
-}
-DG_SIMD_FN(softmax_rows, (float *S, int64_t r0, int64_t r1, int64_t T, int causal),
-           (S, r0, r1, T, causal))
-
-/* Rows [r0, r1) of dS (T, T) from dP (in place) and P (T, T):
- * dS = scale * P * (dP - sum_j(dP * P)). P is 0 beyond n_i (and over the
- * padding), so a causal row runs to nv and is zeroed beyond. */
-DG_INLINE void softmax_grad_rows_body(float *restrict D, const float *restrict P, int64_t r0,
-                                      int64_t r1, int64_t T, int causal, float scale) {
-  for (int64_t i = r0; i < r1; i++) {
-    float *restrict d = D + i * T;
-    const float *restrict p = P + i * T;
-    if (i + 2 < r1) /* P was saved in forward: far by now */
-      for (int64_t k = 0; k < T; k += 16) __builtin_prefetch(p + 2 * T + k);
-    ROW_LENS(i, T, causal, n, nv, n16);
-    (void)n;
-    int64_t j;
-    float acc[16] = {0};
-    for (j = 0; j < n16; j += 16)
-      for (int k = 0; k < 16; k++) acc[k] += d[j + k] * p[j + k];
-    for (; j < nv; j++) acc[0] += d[j] * p[j];
-    float s = dg__lanes_sum16(acc);
-    for (j = 0; j < n16; j += 16)
-      for (int k = 0; k < 16; k++) d[j + k] = scale * p[j + k] * (d[j + k] - s);
-    for (; j < nv; j++) d[j] = scale * p[j] * (d[j] - s);
-    for (j = nv; j + 16 <= T; j += 16)
-      for (int k = 0; k < 16; k++) d[j + k] = 0.0f;
-    for (; j < T; j++) d[j] = 0.0f;
-  }
-}
-DG_SIMD_FN(softmax_grad_rows,
-           (float *D, const float *P, int64_t r0, int64_t r1, int64_t T, int causal, float scale),
-           (D, P, r0, r1, T, causal, scale))
-
-typedef struct {
-  int64_t B, T, C, H, hd;
-  int causal, ntasks;
-  float scale;
-  const float *qkv; /* (B, T, 3C) */
-  float *y;         /* (B, T, C) */
-  float *P;         /* (B, H, T, T) saved, or (ntasks, T, T) scratch */
-  int P_scratch;
-  /* backward */
-  const float *dy;  /* (B, T, C) */
-  float *dqkv;      /* (B, T, 3C) */
-  float *dS;        /* (ntasks, T, T) scratch */
-  float beta;       /* 0: first write into dqkv */
-} att_job;
-
-/* [lo, hi) of the B*H pairs for task t */
-static void task_range(const att_job *j, int t, int64_t *lo, int64_t *hi) {
-  int64_t n = j->B * j->H;
-  *lo = n * t / j->ntasks;
-  *hi = n * (t + 1) / j->ntasks;
-}
-
-static void fwd_pair(const att_job *j, int64_t bh, float *P /* (T, T) */) {
-  int64_t b = bh / j->H, h = bh % j->H, T = j->T, C = j->C, hd = j->hd, ld = 3 * C;
-  const float *q = j->qkv + b * T * ld + h * hd, *k = q + C, *v = q + 2 * C; /* (T, hd), ld 3C */
-  float *y = j->y + b * T * C + h * hd;                                       /* (T, hd), ld C */
-  for (int64_t r0 = 0; r0 < T; r0 += ATT_BLK) {
-    int64_t r1 = DG_MIN(r0 + ATT_BLK, T), nc = j->causal ? r1 : T;
-    /* S[r0:r1, 0:nc] = scale * q[r0:r1] k[0:nc]^T */
-    dg__sgemm(0, 1, r1 - r0, nc, hd, j->scale, q + r0 * ld, ld, k, ld, 0.0f, P + r0 * T, T);
-    softmax_rows(P, r0, r1, T, j->causal);
-    /* y[r0:r1] = P[r0:r1, 0:nc] v[0:nc] */
-    dg__sgemm(0, 0, r1 - r0, hd, nc, 1.0f, P + r0 * T, T, v, ld, 0.0f, y + r0 * C, C);
-  }
-}
-
-static void fwd_task(void *arg, int t) {
-  const att_job *j = arg;
-  int64_t lo, hi, TT = j->T * j->T;
-  task_range(j, t, &lo, &hi);
-  for (int64_t bh = lo; bh < hi; bh++)
-    fwd_pair(j, bh, j->P_scratch ? j->P + t * TT : j->P + bh * TT);
-}
-
-static void bwd_pair(const att_job *j, int64_t bh, float *dS /* (T, T) */) {
-  int64_t b = bh / j->H, h = bh % j->H, T = j->T, C = j->C, hd = j->hd, ld = 3 * C;
-  int64_t off = b * T * ld + h * hd;
-  const float *q = j->qkv + off, *k = q + C, *v = q + 2 * C; /* (T, hd), ld 3C */
-  float *dq = j->dqkv + off, *dk = dq + C, *dv = dq + 2 * C; /* (T, hd), ld 3C */
-  const float *dy = j->dy + b * T * C + h * hd;              /* (T, hd), ld C */
-  const float *P = j->P + bh * T * T;                        /* (T, T) */
-  float beta = j->beta;
-  for (int64_t r0 = 0; r0 < T; r0 += ATT_BLK) {
-    int64_t r1 = DG_MIN(r0 + ATT_BLK, T), nc = j->causal ? r1 : T;
-    /* dP[r0:r1, 0:nc] = dy[r0:r1] v[0:nc]^T, then dS in place */
-    dg__sgemm(0, 1, r1 - r0, nc, hd, 1.0f, dy + r0 * C, C, v, ld, 0.0f, dS + r0 * T, T);
-    softmax_grad_rows(dS, P, r0, r1, T, j->causal, j->scale);
-    /* dq[r0:r1] = dS[r0:r1, 0:nc] k[0:nc] */
-    dg__sgemm(0, 0, r1 - r0, hd, nc, 1.0f, dS + r0 * T, T, k, ld, beta, dq + r0 * ld, ld);
-  }
-  /* column blocks: rows c0.. of dk/dv see query rows i >= c0 when causal */
-  for (int64_t c0 = 0; c0 < T; c0 += ATT_BLK) {
-    int64_t c1 = DG_MIN(c0 + ATT_BLK, T), i0 = j->causal ? c0 : 0;
-    /* dv[c0:c1] = P[i0:T, c0:c1]^T dy[i0:T];  dk[c0:c1] = dS[i0:T, c0:c1]^T q[i0:T] */
-    dg__sgemm(1, 0, c1 - c0, hd, T - i0, 1.0f, P + i0 * T + c0, T, dy + i0 * C, C, beta,
-              dv + c0 * ld, ld);
-    dg__sgemm(1, 0, c1 - c0, hd, T - i0, 1.0f, dS + i0 * T + c0, T, q + i0 * ld, ld, beta,
-              dk + c0 * ld, ld);
-  }
-}
-
-static void bwd_task(void *arg, int t) {
-  const att_job *j = arg;
-  int64_t lo, hi;
-  task_range(j, t, &lo, &hi);
-  for (int64_t bh = lo; bh < hi; bh++) bwd_pair(j, bh, j->dS + t * j->T * j->T);
-}
-
-/* Enough tasks to balance the pool, few enough that scratch stays small. */
-static int att_ntasks(int64_t pairs) {
-  int64_t n = 4 * (int64_t)dg_get_num_threads();
-  return (int)DG_MAX(1, DG_MIN(pairs, n));
+/* a->scratch: the kernels' scratch from the arena (none when they need none). */
+static int att_scratch(dg_ctx *ctx, const char *op, const dg__backend *be, dg__att_args *a) {
+  a->nscratch = be->attention->scratch(a->B, a->H, a->T);
+  a->scratch = NULL;
+  if (a->nscratch <= 0) return DG_OK;
+  a->scratch = dg__arena_alloc(&ctx->arena, (size_t)a->nscratch * sizeof(float));
+  if (!a->scratch) return dg__set_error(ctx, DG_ENOMEM, "%s: out of memory", op);
+  return DG_OK;
 }
 
 static int attention_backward(dg_ctx *ctx, dg_node *n) {
   dg_tensor *sqkv = dg__saved(ctx, n, 0), *sP = dg__saved(ctx, n, 1);
   if (!sqkv || !sP) return ctx->err;
-  att_job j = {.B = n->i[0], .T = n->i[1], .C = n->i[2], .H = n->i[3],
-               .causal = (int)n->f[1], .scale = (float)n->f[0]};
-  j.hd = j.C / j.H;
-  j.qkv = dg__contig_data(ctx, "attention backward", sqkv);
-  j.P = (float *)dg__contig_data(ctx, "attention backward", sP);
-  if (!j.qkv || !j.P) return ctx->err;
-  j.dy = n->out->grad->data;
+  const dg__backend *be = dg__backend_get(n->out->device);
+  dg__att_args a = {.B = n->i[0], .T = n->i[1], .C = n->i[2], .H = n->i[3],
+                    .causal = (int)n->f[1], .scale = (float)n->f[0]};
+  a.qkv = dg__contig_data(ctx, "attention backward", sqkv);
+  a.P = (float *)dg__contig_data(ctx, "attention backward", sP);
+  if (!a.qkv || !a.P) return ctx->err;
+  a.dy = n->out->grad->data;
   int ow;
-  j.dqkv = dg__grad_buf_w(ctx, n->in[0], &ow);
-  if (!j.dqkv) return ctx->err;
-  j.beta = ow ? 0.0f : 1.0f;
-  j.ntasks = att_ntasks(j.B * j.H);
-  if (j.B * j.H * j.T == 0) return DG_OK;
-  j.dS = dg__arena_alloc(&ctx->arena, (size_t)j.ntasks * j.T * j.T * sizeof(float));
-  if (!j.dS) return dg__set_error(ctx, DG_ENOMEM, "attention backward: out of memory");
-  dg__parallel_for(j.ntasks, bwd_task, &j);
+  a.dqkv = dg__grad_buf_w(ctx, n->in[0], &ow);
+  if (!a.dqkv) return ctx->err;
+  a.acc = !ow;
+  if (att_scratch(ctx, "attention backward", be, &a)) return ctx->err;
+  be->attention->backward(&a);
   return DG_OK;
 }
 
 dg_tensor *dg_attention(dg_ctx *ctx, dg_tensor *qkv, int heads, int causal, float scale) {
-  if (!ctx || dg__null_input(ctx, "attention", "qkv", qkv) ||
-      !dg__check_f32(ctx, "attention", "qkv", qkv))
-    return NULL;
+  const dg__backend *be = dg__op_begin(ctx, "attention", 1, &qkv, (const char *[]){"qkv"}, 0);
+  if (!be || !dg__check_f32(ctx, "attention", "qkv", qkv)) return NULL;
   char sq[96];
   if (qkv->ndim != 3 || heads <= 0 || qkv->shape[2] % (3 * (int64_t)heads)) {
     dg__set_error(ctx, DG_ESHAPE, "attention: qkv %s must be (B, T, 3C) with C %% heads (%d) == 0",
@@ -256,36 +60,30 @@ dg_tensor *dg_attention(dg_ctx *ctx, dg_tensor *qkv, int heads, int causal, floa
     dg__set_error(ctx, DG_EINVAL, "attention: scale %g is not finite", (double)scale);
     return NULL;
   }
-  att_job j = {.B = qkv->shape[0], .T = qkv->shape[1], .C = qkv->shape[2] / 3, .H = heads,
-               .causal = causal != 0, .scale = scale};
-  j.hd = j.C / j.H;
-  int64_t shape[3] = {j.B, j.T, j.C}, pshape[4] = {j.B, j.H, j.T, j.T};
+  if (dg__op_kernels(ctx, "attention", be, be->attention)) return NULL;
+  dg__att_args a = {.B = qkv->shape[0], .T = qkv->shape[1], .C = qkv->shape[2] / 3, .H = heads,
+                    .causal = causal != 0, .scale = scale};
+  int64_t shape[3] = {a.B, a.T, a.C}, pshape[4] = {a.B, a.H, a.T, a.T};
   dg_tensor *y = dg__new(ctx, "attention", DG_F32, 3, shape);
   if (!y) return NULL;
-  j.y = y->data;
-  j.qkv = dg__contig_data(ctx, "attention", qkv);
-  if (!j.qkv) return NULL;
+  a.y = y->data;
+  a.qkv = dg__contig_data(ctx, "attention", qkv);
+  if (!a.qkv) return NULL;
   int grad = dg__needs_grad(ctx, 1, &qkv);
   dg_tensor *P = NULL;
-  j.ntasks = att_ntasks(j.B * j.H);
   if (grad) {
     P = dg__new(ctx, "attention", DG_F32, 4, pshape);
     if (!P) return NULL;
-    j.P = P->data;
-  } else if (j.B * j.H * j.T > 0) {
-    j.P = dg__arena_alloc(&ctx->arena, (size_t)j.ntasks * j.T * j.T * sizeof(float));
-    if (!j.P) {
-      dg__set_error(ctx, DG_ENOMEM, "attention: out of memory");
-      return NULL;
-    }
-    j.P_scratch = 1;
+    a.P = P->data;
+  } else if (att_scratch(ctx, "attention", be, &a)) {
+    return NULL;
   }
-  if (j.B * j.H * j.T > 0) dg__parallel_for(j.ntasks, fwd_task, &j);
+  be->attention->forward(&a);
   if (grad) {
     dg_node *n = dg__record(ctx, "attention", attention_backward, y, 1, &qkv);
     if (!n || dg__save(ctx, n, qkv) || dg__save(ctx, n, P)) return NULL;
-    n->i[0] = j.B, n->i[1] = j.T, n->i[2] = j.C, n->i[3] = j.H;
-    n->f[0] = scale, n->f[1] = j.causal;
+    n->i[0] = a.B, n->i[1] = a.T, n->i[2] = a.C, n->i[3] = a.H;
+    n->f[0] = scale, n->f[1] = a.causal;
   }
   return y;
 }

@@ -10,23 +10,11 @@
  * gradient is final). No intermediate copies.
  * split: each part is its own node. A part is a view (no copy) when it is
  * contiguous in x (x contiguous and nothing before dim bigger than 1), else a
- * contiguous copy. */
-#include <string.h>
+ * contiguous copy. The kernels are the backend's (backends/kern_concat.h). */
+#include <stdio.h>
 
+#include "backends/kern_concat.h"
 #include "core/core_impl.h"
-#include "backends/cpu/cpu_impl.h"
-
-/* dst[o * dst_row + j] += src[o * src_row + j] for o < outer, j < len
- * (= when store). */
-static void add_blocks(int store, float *restrict dst, int64_t dst_row, const float *restrict src,
-                       int64_t src_row, int64_t outer, int64_t len) {
-  for (int64_t o = 0; o < outer; o++) {
-    float *restrict d = dst + o * dst_row;
-    const float *restrict s = src + o * src_row;
-    if (store) memcpy(d, s, (size_t)len * sizeof *d);
-    else for (int64_t j = 0; j < len; j++) d[j] += s[j];
-  }
-}
 
 /* outer and inner of t around dim. */
 static void split_dims(const dg_tensor *t, int dim, int64_t *outer, int64_t *inner) {
@@ -42,25 +30,48 @@ static int concat_backward(dg_ctx *ctx, dg_node *n) {
   int dim = (int)n->i[0];
   int64_t off = n->i[1], outer, inner, S = n->out->shape[dim];
   split_dims(n->out, dim, &outer, &inner);
+  const dg__backend *be = dg__backend_get(n->out->device);
   const float *dy = n->out->grad->data; /* (outer, S, inner) */
   for (int k = 0; k < n->nin; k++) {
     int64_t sk = n->in[k]->shape[dim];
     int overwrite;
     float *dx = dg__grad_buf_w(ctx, n->in[k], &overwrite); /* (outer, sk, inner) */
     if (ctx->err) return ctx->err;
-    if (dx) add_blocks(overwrite, dx, sk * inner, dy + off * inner, S * inner, outer, sk * inner);
+    if (dx) {
+      dg__blocks_args a = {dx, dy + off * inner, sk * inner, S * inner, outer, sk * inner,
+                           overwrite};
+      be->concat->add_blocks(&a);
+    }
     off += sk;
   }
   return DG_OK;
 }
 
+/* dg__op_begin over the n inputs, named "xs[k]" in messages (names on the
+ * stack for up to CAT_NAMES inputs, else in the arena). */
+#define CAT_NAMES 32
+static const dg__backend *concat_begin(dg_ctx *ctx, int n, dg_tensor *const *xs) {
+  char buf[CAT_NAMES][16], *text = buf[0];
+  const char *stack_names[CAT_NAMES], **names = stack_names;
+  if (n > CAT_NAMES) {
+    names = dg__arena_alloc(&ctx->arena, (size_t)n * (sizeof *names + 16));
+    if (!names) {
+      dg__set_error(ctx, DG_ENOMEM, "concat: out of memory");
+      return NULL;
+    }
+    text = (char *)(names + n);
+  }
+  for (int k = 0; k < n; k++) {
+    snprintf(text + 16 * k, 16, "xs[%d]", k);
+    names[k] = text + 16 * k;
+  }
+  return dg__op_begin(ctx, "concat", n, xs, names, 0);
+}
+
 static int concat_check(dg_ctx *ctx, int n, dg_tensor *const *xs, int *dim) {
-  if (n < 1 || !xs)
-    return dg__set_error(ctx, DG_EINVAL, "concat: need at least one input, got %d", n);
   for (int k = 0; k < n; k++) {
     char nm[32];
     snprintf(nm, sizeof nm, "xs[%d]", k);
-    if (dg__null_input(ctx, "concat", nm, xs[k])) return ctx->err;
     if (!dg__check_f32(ctx, "concat", nm, xs[k])) return ctx->err;
   }
   char s0[96], sk[96];
@@ -96,7 +107,14 @@ static int concat_record(dg_ctx *ctx, int n, dg_tensor *const *xs, int dim, dg_t
 }
 
 dg_tensor *dg_concat(dg_ctx *ctx, int n, dg_tensor *const *xs, int dim) {
-  if (!ctx || concat_check(ctx, n, xs, &dim)) return NULL;
+  if (!ctx) return NULL;
+  if (n < 1 || !xs) {
+    dg__set_error(ctx, DG_EINVAL, "concat: need at least one input, got %d", n);
+    return NULL;
+  }
+  const dg__backend *be = concat_begin(ctx, n, xs);
+  if (!be || concat_check(ctx, n, xs, &dim) || dg__op_kernels(ctx, "concat", be, be->concat))
+    return NULL;
   int64_t shape[DG_MAX_DIMS], S = 0, outer, inner;
   for (int i = 0; i < xs[0]->ndim; i++) shape[i] = xs[0]->shape[i];
   for (int k = 0; k < n; k++) S += xs[k]->shape[dim];
@@ -110,8 +128,8 @@ dg_tensor *dg_concat(dg_ctx *ctx, int n, dg_tensor *const *xs, int dim) {
     int64_t len = xs[k]->shape[dim] * inner;
     const float *x = dg__contig_data(ctx, "concat", xs[k]); /* (outer, sk, inner) */
     if (!x) return NULL;
-    for (int64_t o = 0; o < outer; o++)
-      memcpy(yp + o * S * inner + off * inner, x + o * len, (size_t)len * sizeof(float));
+    dg__blocks_args a = {yp + off * inner, x, S * inner, len, outer, len, 1};
+    be->concat->copy_blocks(&a);
     off += xs[k]->shape[dim];
   }
   if (concat_record(ctx, n, xs, dim, y)) return NULL;
@@ -129,23 +147,13 @@ static int split_backward(dg_ctx *ctx, dg_node *n) {
   int dim = (int)n->i[0];
   int64_t off = n->i[1], outer, inner, S = x->shape[dim], sk = n->out->shape[dim];
   split_dims(x, dim, &outer, &inner);
-  if (overwrite) /* fresh: zero the other parts' columns, store this one's */
-    for (int64_t o = 0; o < outer; o++) {
-      float *row = dx + o * S * inner;
-      memset(row, 0, (size_t)(off * inner) * sizeof *row);
-      memset(row + (off + sk) * inner, 0, (size_t)((S - off - sk) * inner) * sizeof *row);
-    }
-  add_blocks(overwrite, dx + off * inner, S * inner, n->out->grad->data, sk * inner, outer,
-             sk * inner);
+  dg__split_bwd_args a = {dx, n->out->grad->data, outer, S, sk, off, inner, overwrite};
+  dg__backend_get(x->device)->concat->split_bwd(&a);
   return DG_OK;
 }
 
-static int split_check(dg_ctx *ctx, dg_tensor *x, int *dim, int n, const int64_t *sizes,
-                       dg_tensor **out) {
-  if (!out || n < 1 || !sizes)
-    return dg__set_error(ctx, DG_EINVAL, "split: need n >= 1 sizes and an output array, got n = %d", n);
-  for (int k = 0; k < n; k++) out[k] = NULL;
-  if (dg__null_input(ctx, "split", "x", x) || !dg__check_f32(ctx, "split", "x", x)) return ctx->err;
+static int split_check(dg_ctx *ctx, dg_tensor *x, int *dim, int n, const int64_t *sizes) {
+  if (!dg__check_f32(ctx, "split", "x", x)) return ctx->err;
   char sx[96];
   int d = *dim < 0 ? *dim + x->ndim : *dim;
   if (d < 0 || d >= x->ndim)
@@ -167,8 +175,8 @@ static int split_check(dg_ctx *ctx, dg_tensor *x, int *dim, int n, const int64_t
 }
 
 /* Part [off, off + size) of x along dim: a view when contiguous, else a copy. */
-static dg_tensor *split_part(dg_ctx *ctx, dg_tensor *x, const float *xp, int dim, int64_t off,
-                             int64_t size) {
+static dg_tensor *split_part(dg_ctx *ctx, const dg__backend *be, dg_tensor *x, const float *xp,
+                             int dim, int64_t off, int64_t size) {
   int64_t outer, inner, S = x->shape[dim];
   split_dims(x, dim, &outer, &inner);
   dg_tensor *y;
@@ -184,9 +192,9 @@ static dg_tensor *split_part(dg_ctx *ctx, dg_tensor *x, const float *xp, int dim
     shape[dim] = size;
     y = dg__new(ctx, "split", DG_F32, x->ndim, shape);
     if (!y) return NULL;
-    float *yp = y->data; /* (outer, size, inner) */
-    for (int64_t o = 0; o < outer; o++)
-      memcpy(yp + o * size * inner, xp + (o * S + off) * inner, (size_t)(size * inner) * sizeof(float));
+    dg__blocks_args a = {y->data, xp + off * inner, size * inner, S * inner, outer, size * inner,
+                         1}; /* (outer, size, inner) from (outer, S, inner) */
+    be->concat->copy_blocks(&a);
   }
   if (dg__needs_grad(ctx, 1, &x)) {
     dg_node *n = dg__record(ctx, "split", split_backward, y, 1, &x);
@@ -198,12 +206,18 @@ static dg_tensor *split_part(dg_ctx *ctx, dg_tensor *x, const float *xp, int dim
 
 int dg_split(dg_ctx *ctx, dg_tensor *x, int dim, int n, const int64_t *sizes, dg_tensor **out) {
   if (!ctx) return DG_EINVAL;
-  if (split_check(ctx, x, &dim, n, sizes, out)) return ctx->err;
+  if (!out || n < 1 || !sizes)
+    return dg__set_error(ctx, DG_EINVAL, "split: need n >= 1 sizes and an output array, got n = %d", n);
+  for (int k = 0; k < n; k++) out[k] = NULL;
+  const dg__backend *be = dg__op_begin(ctx, "split", 1, &x, (const char *[]){"x"}, 0);
+  if (!be) return ctx->err;
+  if (split_check(ctx, x, &dim, n, sizes) || dg__op_kernels(ctx, "split", be, be->concat))
+    return ctx->err;
   const float *xp = dg__contig_data(ctx, "split", x); /* (outer, S, inner) */
   if (!xp) return ctx->err;
   int64_t off = 0;
   for (int k = 0; k < n; k++) {
-    out[k] = split_part(ctx, x, xp, dim, off, sizes[k]);
+    out[k] = split_part(ctx, be, x, xp, dim, off, sizes[k]);
     if (!out[k]) {
       for (int j = 0; j < k; j++) out[j] = NULL;
       return ctx->err;

@@ -1,23 +1,18 @@
-/* Embedding lookup, forward and backward: out[k] = weight[idx[k]], and
- * backward scatter-adds each output row's gradient into the weight gradient
- * row it came from (repeated indices accumulate). The indices are validated
- * once and kept as int64 in the node. */
-#include <string.h>
-
+/* Embedding lookup (the op: validation, recording, backward wiring):
+ * out[k] = weight[idx[k]], and backward scatter-adds each output row's
+ * gradient into the weight gradient row it came from (repeated indices
+ * accumulate). The indices are validated once and kept as int64 in the
+ * node. The kernels are the backend's (backends/kern_embedding.h). */
+#include "backends/kern_embedding.h"
 #include "core/core_impl.h"
-#include "backends/cpu/cpu_impl.h"
 
 static int emb_backward(dg_ctx *ctx, dg_node *n) {
   float *dw = dg__grad_buf(ctx, n->in[0]); /* (V, D) */
   if (!dw) return ctx->err;
-  const int64_t *idx = n->extra;          /* (K) */
-  const float *dy = n->out->grad->data;   /* (K, D) */
-  int64_t K = n->i[0], D = n->i[1];
-  for (int64_t k = 0; k < K; k++) {
-    float *restrict d = dw + idx[k] * D;
-    const float *restrict g = dy + k * D;
-    for (int64_t j = 0; j < D; j++) d[j] += g[j];
-  }
+  const dg__backend *be = dg__backend_get(n->out->device);
+  /* idx (K) kept in the node; dy (K, D) */
+  dg__emb_args a = {NULL, n->out->grad->data, n->extra, NULL, dw, n->i[0], n->i[1]};
+  be->embedding->bwd(&a);
   return DG_OK;
 }
 
@@ -58,8 +53,10 @@ static int emb_check(dg_ctx *ctx, dg_tensor *weight, dg_tensor *idx) {
 }
 
 dg_tensor *dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *idx) {
-  if (!ctx || dg__null_input(ctx, "embedding", "weight", weight) ||
-      dg__null_input(ctx, "embedding", "idx", idx) || emb_check(ctx, weight, idx))
+  dg_tensor *in[2] = {weight, idx};
+  const dg__backend *be =
+      dg__op_begin(ctx, "embedding", 2, in, (const char *[]){"weight", "idx"}, 0);
+  if (!be || emb_check(ctx, weight, idx) || dg__op_kernels(ctx, "embedding", be, be->embedding))
     return NULL;
   int64_t V = weight->shape[0], D = weight->shape[1], K = dg__numel(idx);
   int64_t shape[DG_MAX_DIMS];
@@ -71,8 +68,8 @@ dg_tensor *dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *idx) {
   if (!ix || load_checked(ctx, idx, V, ix)) return NULL;
   const float *w = dg__contig_data(ctx, "embedding", weight); /* (V, D) */
   if (!w) return NULL;
-  float *yp = y->data; /* (K, D) */
-  for (int64_t k = 0; k < K; k++) memcpy(yp + k * D, w + ix[k] * D, (size_t)D * sizeof(float));
+  dg__emb_args a = {w, NULL, ix, y->data, NULL, K, D}; /* y (K, D) */
+  be->embedding->fwd(&a);
   if (dg__needs_grad(ctx, 1, &weight)) {
     dg_node *n = dg__record(ctx, "embedding", emb_backward, y, 1, &weight);
     if (!n) return NULL;

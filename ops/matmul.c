@@ -9,11 +9,10 @@
  * operand's logical row-major layout.
  *
  * A batched a (B, M, K) times a shared b (K, N) with a's rows evenly spaced
- * is one GEMM over B*M rows, forward and backward. */
-#include <string.h>
-
+ * is one GEMM over B*M rows, forward and backward. The GEMM, column sums,
+ * bias fills and gradient passes are the backend's (backends/kern_blas.h). */
+#include "backends/kern_blas.h"
 #include "core/core_impl.h"
-#include "backends/cpu/cpu_impl.h"
 
 typedef struct {
   const float *p;
@@ -71,6 +70,7 @@ static int matmul_backward(dg_ctx *ctx, dg_node *n) {
   if (mat_of(ctx, "matmul backward", sa, B, &A) || mat_of(ctx, "matmul backward", sb, B, &Bv))
     return ctx->err;
   int tA = ta ^ A.colmajor, tB = tb ^ Bv.colmajor;
+  const struct dg__kern_blas *k = dg__backend_get(n->out->device)->blas;
   int oa, ob;
   float *da = dg__grad_buf_w(ctx, a, &oa), *db = dg__grad_buf_w(ctx, b, &ob);
   if ((dg__wants_grad(a) && !da) || (dg__wants_grad(b) && !db)) return ctx->err;
@@ -80,11 +80,11 @@ static int matmul_backward(dg_ctx *ctx, dg_node *n) {
    * still has B gradients) */
   int64_t a_bs = a->ndim == 3 ? A.rows * A.cols : 0, b_bs = b->ndim == 3 ? Bv.rows * Bv.cols : 0;
   if (B > 1 && b->ndim == 2 && !ta && rows_flat(&A, Mo, tA)) { /* shared b: B*M rows at once */
-    if (da) dg__sgemm(0, !tB, B * Mo, K, No, 1.0f, dc, No, Bv.p, Bv.ld, oa ? 0.0f : 1.0f, da, K);
+    if (da) k->sgemm(0, !tB, B * Mo, K, No, 1.0f, dc, No, Bv.p, Bv.ld, oa ? 0.0f : 1.0f, da, K);
     if (db) {
       float beta = ob ? 0.0f : 1.0f;
-      if (!tb) dg__sgemm(1, 0, K, No, B * Mo, 1.0f, A.p, A.ld, dc, No, beta, db, No);
-      else dg__sgemm(1, 0, No, K, B * Mo, 1.0f, dc, No, A.p, A.ld, beta, db, K);
+      if (!tb) k->sgemm(1, 0, K, No, B * Mo, 1.0f, A.p, A.ld, dc, No, beta, db, No);
+      else k->sgemm(1, 0, No, K, B * Mo, 1.0f, dc, No, A.p, A.ld, beta, db, K);
     }
     return DG_OK;
   }
@@ -94,14 +94,14 @@ static int matmul_backward(dg_ctx *ctx, dg_node *n) {
     if (da) {
       float *dai = da + i * a_bs; /* logical (M,K) or (K,M) row-major */
       const float *bi = Bv.p + i * Bv.bstride;
-      if (!ta) dg__sgemm(0, !tB, Mo, K, No, 1.0f, dci, No, bi, Bv.ld, beta_a, dai, K);
-      else dg__sgemm(tB, 1, K, Mo, No, 1.0f, bi, Bv.ld, dci, No, beta_a, dai, Mo);
+      if (!ta) k->sgemm(0, !tB, Mo, K, No, 1.0f, dci, No, bi, Bv.ld, beta_a, dai, K);
+      else k->sgemm(tB, 1, K, Mo, No, 1.0f, bi, Bv.ld, dci, No, beta_a, dai, Mo);
     }
     if (db) {
       float *dbi = db + i * b_bs;
       const float *ai = A.p + i * A.bstride;
-      if (!tb) dg__sgemm(!tA, 0, K, No, Mo, 1.0f, ai, A.ld, dci, No, beta_b, dbi, No);
-      else dg__sgemm(1, tA, No, K, Mo, 1.0f, dci, No, ai, A.ld, beta_b, dbi, K);
+      if (!tb) k->sgemm(!tA, 0, K, No, Mo, 1.0f, ai, A.ld, dci, No, beta_b, dbi, No);
+      else k->sgemm(1, tA, No, K, Mo, 1.0f, dci, No, ai, A.ld, beta_b, dbi, K);
     }
   }
   return DG_OK;
@@ -131,10 +131,12 @@ static int matmul_check(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, int ta, int tb,
 }
 
 dg_tensor *dg_matmul_t(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, int ta, int tb) {
-  if (!ctx || dg__null_input(ctx, "matmul", "a", a) || dg__null_input(ctx, "matmul", "b", b))
-    return NULL;
+  dg_tensor *in[2] = {a, b};
+  const dg__backend *be = dg__op_begin(ctx, "matmul", 2, in, (const char *[]){"a", "b"}, 0);
   int64_t B = 0, M = 0, N = 0, K = 0;
-  if (matmul_check(ctx, a, b, ta, tb, &B, &M, &N, &K)) return NULL;
+  if (!be || matmul_check(ctx, a, b, ta, tb, &B, &M, &N, &K) ||
+      dg__op_kernels(ctx, "matmul", be, be->blas))
+    return NULL;
   int64_t shape[3] = {B, M, N};
   dg_tensor *c = a->ndim == 3 ? dg__new(ctx, "matmul", DG_F32, 3, shape)
                               : dg__new(ctx, "matmul", DG_F32, 2, shape + 1);
@@ -142,14 +144,14 @@ dg_tensor *dg_matmul_t(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, int ta, int tb) 
   mat_view A, Bv;
   if (mat_of(ctx, "matmul", a, B, &A) || mat_of(ctx, "matmul", b, B, &Bv)) return NULL;
   int tA = ta ^ A.colmajor, tB = tb ^ Bv.colmajor;
+  const struct dg__kern_blas *k = be->blas;
   float *cp = c->data;
   if (B > 1 && !Bv.bstride && rows_flat(&A, M, tA)) /* shared b: one GEMM over B*M rows */
-    dg__sgemm(0, tB, B * M, N, K, 1.0f, A.p, A.ld, Bv.p, Bv.ld, 0.0f, cp, N);
+    k->sgemm(0, tB, B * M, N, K, 1.0f, A.p, A.ld, Bv.p, Bv.ld, 0.0f, cp, N);
   else
     for (int64_t i = 0; i < B; i++)
-      dg__sgemm(tA, tB, M, N, K, 1.0f, A.p + i * A.bstride, A.ld, Bv.p + i * Bv.bstride, Bv.ld,
+      k->sgemm(tA, tB, M, N, K, 1.0f, A.p + i * A.bstride, A.ld, Bv.p + i * Bv.bstride, Bv.ld,
                 0.0f, cp + i * M * N, N);
-  dg_tensor *in[2] = {a, b};
   if (dg__needs_grad(ctx, 2, in)) {
     dg_node *n = dg__record(ctx, "matmul", matmul_backward, c, 2, in);
     if (!n || dg__save(ctx, n, a) || dg__save(ctx, n, b)) return NULL;
@@ -188,117 +190,6 @@ static int64_t rows_ld(const dg_tensor *x, int64_t I) {
   return ld >= I && ld >= 1 ? ld : 0;
 }
 
-/* db(O) (+)= column sums of dy(R, O): streams dy row by row into db
- * (O floats, cache-resident), vectorised along the row. */
-DG_INLINE void colsum_body(float *restrict db, const float *restrict dy, int64_t R, int64_t O,
-                           int overwrite) {
-  int64_t r = 0;
-  if (overwrite) {
-    if (R == 0) {
-      memset(db, 0, (size_t)O * sizeof(float));
-      return;
-    }
-    memcpy(db, dy, (size_t)O * sizeof(float));
-    r = 1;
-  }
-  for (; r < R; r++) {
-    const float *restrict row = dy + r * O;
-    for (int64_t o = 0; o < O; o++) db[o] += row[o];
-  }
-}
-DG_SIMD_FN(colsum, (float *db, const float *dy, int64_t R, int64_t O, int overwrite),
-           (db, dy, R, O, overwrite))
-
-void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite) {
-  colsum(db, dy, R, O, overwrite);
-}
-
-/* y rows [lo, hi) = b: one row copied, then doubled (a few memcpy calls,
- * not one per row). */
-typedef struct {
-  const float *b; /* (O) */
-  float *y;       /* (R, O) */
-  int64_t O;
-} bias_job;
-
-/* y is fresh arena memory, far from the core: rows are fetched for
- * writing FILL_PF floats ahead (a write-allocate miss per line otherwise
- * stalls each store), a line per 16 floats. */
-#define FILL_PF 2048
-
-DG_INLINE void bias_rows_body(float *restrict y, const float *restrict b, int64_t n, int64_t O) {
-  for (int64_t i = 0; i < n; i++) {
-    float *restrict yr = y + i * O;
-    for (int64_t k = 0; k < O; k += 16) __builtin_prefetch(yr + FILL_PF + k, 1);
-    for (int64_t o = 0; o < O; o++) yr[o] = b[o];
-  }
-}
-DG_SIMD_FN(bias_rows, (float *y, const float *b, int64_t n, int64_t O), (y, b, n, O))
-
-static void bias_task(void *arg, int64_t lo, int64_t hi) {
-  const bias_job *j = arg;
-  bias_rows(j->y + lo * j->O, j->b, hi - lo, j->O);
-}
-
-/* d[lo, hi) (+)= s: the residual's gradient of dg_linear_add. */
-typedef struct {
-  float *d;
-  const float *s;
-  int acc;
-} add_job;
-
-DG_INLINE void acc_rows_body(float *restrict d, const float *restrict s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) d[i] += s[i];
-}
-DG_SIMD_FN(acc_rows, (float *d, const float *s, int64_t n), (d, s, n))
-
-static void add_task(void *arg, int64_t lo, int64_t hi) {
-  const add_job *j = arg;
-  if (j->acc) acc_rows(j->d + lo, j->s + lo, hi - lo);
-  else memcpy(j->d + lo, j->s + lo, (size_t)(hi - lo) * sizeof(float));
-}
-
-/* y rows [lo, hi) = res + b: the residual and bias of dg_linear_add in one
- * pass, before the GEMM accumulates. */
-typedef struct {
-  const float *b, *res; /* (O) or NULL, (R, O) */
-  float *y;             /* (R, O) */
-  int64_t O;
-} res_job;
-
-DG_INLINE void res_bias_body(float *restrict y, const float *restrict r, const float *restrict b,
-                             int64_t rows, int64_t O) {
-  for (int64_t i = 0; i < rows; i++) {
-    for (int64_t k = 0; k < O; k += 16) __builtin_prefetch(y + i * O + FILL_PF + k, 1);
-    for (int64_t o = 0; o < O; o++) y[i * O + o] = r[i * O + o] + b[o];
-  }
-}
-DG_SIMD_FN(res_bias, (float *y, const float *r, const float *b, int64_t rows, int64_t O),
-           (y, r, b, rows, O))
-
-static void res_task(void *arg, int64_t lo, int64_t hi) {
-  const res_job *j = arg;
-  if (j->b) res_bias(j->y + lo * j->O, j->res + lo * j->O, j->b, hi - lo, j->O);
-  else memcpy(j->y + lo * j->O, j->res + lo * j->O, (size_t)((hi - lo) * j->O) * sizeof(float));
-}
-
-void dg__fill_rows(float *y, const float *res, const float *b, int64_t R, int64_t O) {
-  if (R <= 0 || O <= 0 || (!res && !b)) return;
-  int64_t grain = DG_MAX((int64_t)1, DG_GRAIN_MEM / O);
-  if (res) {
-    res_job rj = {b, res, y, O};
-    dg__parallel_range(R, grain, res_task, &rj);
-  } else {
-    bias_job bj = {b, y, O};
-    dg__parallel_range(R, grain, bias_task, &bj);
-  }
-}
-
-void dg__grad_pass(float *d, const float *s, int64_t n, int acc) {
-  add_job aj = {d, s, acc};
-  dg__parallel_range(n, DG_GRAIN_MEM, add_task, &aj);
-}
-
 static int linear_backward(dg_ctx *ctx, dg_node *n) {
   dg_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
   dg_tensor *sx = dg__saved(ctx, n, 0), *sw = dg__saved(ctx, n, 1);
@@ -310,6 +201,7 @@ static int linear_backward(dg_ctx *ctx, dg_node *n) {
   mat_view W;
   if (!xp || mat_of(ctx, "linear backward", sw, 1, &W)) return ctx->err; /* (O, I) */
   if (!ldx) ldx = I;
+  const struct dg__kern_blas *k = dg__backend_get(n->out->device)->blas;
   /* first writers overwrite (beta 0): no memset of fresh or lazily zeroed
    * gradient buffers */
   int ox, ow, ob;
@@ -317,25 +209,29 @@ static int linear_backward(dg_ctx *ctx, dg_node *n) {
   float *db = dg__grad_buf_w(ctx, b, &ob);
   if (ctx->err) return ctx->err;
   if (dx) /* dy(R,O) w(O,I) */
-    dg__sgemm(0, W.colmajor, R, I, O, 1.0f, dy, O, W.p, W.ld, ox ? 0.0f : 1.0f, dx, I);
+    k->sgemm(0, W.colmajor, R, I, O, 1.0f, dy, O, W.p, W.ld, ox ? 0.0f : 1.0f, dx, I);
   if (dw) /* dy^T(O,R) x(R,I) */
-    dg__sgemm(1, 0, O, I, R, 1.0f, dy, O, xp, ldx, ow ? 0.0f : 1.0f, dw, I);
-  if (db) colsum(db, dy, R, O, ob);
+    k->sgemm(1, 0, O, I, R, 1.0f, dy, O, xp, ldx, ow ? 0.0f : 1.0f, dw, I);
+  if (db) k->colsum(db, dy, R, O, ob);
   if (n->nin > 3) { /* dg_linear_add: the residual's gradient is dy */
     int orr;
     float *dr = dg__grad_buf_w(ctx, n->in[3], &orr); /* (R, O) */
     if (ctx->err) return ctx->err;
-    if (dr) dg__grad_pass(dr, dy, R * O, !orr);
+    if (dr) k->grad_pass(dr, dy, R * O, !orr);
   }
   return DG_OK;
 }
 
-static dg_tensor *linear_impl(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b,
-                              dg_tensor *res) {
-  if (!ctx || dg__null_input(ctx, "linear", "x", x) || dg__null_input(ctx, "linear", "w", w))
-    return NULL;
+/* add: dg_linear_add (res required), else dg_linear (res NULL). */
+static dg_tensor *linear_impl(dg_ctx *ctx, const char *op, dg_tensor *x, dg_tensor *w,
+                              dg_tensor *b, dg_tensor *res, int add) {
+  dg_tensor *in[4] = {x, w, b, res};
+  const dg__backend *be = dg__op_begin(ctx, op, 4, in, (const char *[]){"x", "w", "b", "res"},
+                                       DG__OPT(2) | (add ? 0 : DG__OPT(3)));
+  if (!be) return NULL;
   if (!dg__check_f32(ctx, "linear", "x", x) || !dg__check_f32(ctx, "linear", "w", w) ||
-      (b && !dg__check_f32(ctx, "linear", "b", b)))
+      (b && !dg__check_f32(ctx, "linear", "b", b)) ||
+      (res && !dg__check_f32(ctx, "linear_add", "res", res)))
     return NULL;
   char sx[96], sw[96], sb[96];
   int64_t I = x->ndim ? x->shape[x->ndim - 1] : 0;
@@ -346,6 +242,7 @@ static dg_tensor *linear_impl(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor
                   (long long)I, b ? dg__shape_str(b, sb, sizeof sb) : "none");
     return NULL;
   }
+  if (dg__op_kernels(ctx, op, be, be->blas)) return NULL;
   int64_t O = w->shape[0], R = 1; /* rows: the leading dims, empty or not */
   for (int i = 0; i < x->ndim - 1; i++) R *= x->shape[i];
   int64_t shape[DG_MAX_DIMS];
@@ -368,9 +265,9 @@ static dg_tensor *linear_impl(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor
   const float *bp = b ? dg__contig_data(ctx, "linear", b) : NULL;
   const float *rp = res ? dg__contig_data(ctx, "linear", res) : NULL;
   if ((b && !bp) || (res && !rp)) return NULL;
-  dg__fill_rows(yp, rp, bp, R, O);
-  dg__sgemm(0, !W.colmajor, R, O, I, 1.0f, xp, ldx, W.p, W.ld, b || res ? 1.0f : 0.0f, yp, O);
-  dg_tensor *in[4] = {x, w, b, res};
+  be->blas->fill_rows(yp, rp, bp, R, O);
+  be->blas->sgemm(0, !W.colmajor, R, O, I, 1.0f, xp, ldx, W.p, W.ld, b || res ? 1.0f : 0.0f, yp,
+                  O);
   if (dg__needs_grad(ctx, res ? 4 : 3, in)) {
     dg_node *n = dg__record(ctx, "linear", linear_backward, y, res ? 4 : b ? 3 : 2, in);
     if (!n || dg__save(ctx, n, x) || dg__save(ctx, n, w)) return NULL;
@@ -380,11 +277,9 @@ static dg_tensor *linear_impl(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor
 }
 
 dg_tensor *dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b) {
-  return linear_impl(ctx, x, w, b, NULL);
+  return linear_impl(ctx, "linear", x, w, b, NULL, 0);
 }
 
 dg_tensor *dg_linear_add(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b, dg_tensor *res) {
-  if (ctx && dg__null_input(ctx, "linear_add", "res", res)) return NULL;
-  if (ctx && !dg__check_f32(ctx, "linear_add", "res", res)) return NULL;
-  return linear_impl(ctx, x, w, b, res);
+  return linear_impl(ctx, "linear_add", x, w, b, res, 1);
 }

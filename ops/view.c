@@ -1,16 +1,18 @@
 /* Views: reshape, slice along dim 0, transpose, permute, and contiguous.
  * Views share the input's memory; backward adds the output gradient back into
  * the input's (logical, contiguous) gradient, or copies it there when that
- * gradient is fresh. */
-#include <string.h>
-
+ * gradient is fresh. The backward kernels are the backend's
+ * (backends/kern_view.h). */
+#include "backends/kern_view.h"
 #include "core/core_impl.h"
-#include "backends/cpu/cpu_impl.h"
 
-/* d (n) += s (n), or d = s when store. */
-static void add_or_copy(int store, float *restrict d, const float *restrict s, int64_t n) {
-  if (store) memcpy(d, s, (size_t)n * sizeof *d);
-  else for (int64_t i = 0; i < n; i++) d[i] += s[i];
+_Static_assert(DG_MAX_DIMS <= DG__VIEW_MAX_DIMS, "kern_view.h: DG__VIEW_MAX_DIMS too small");
+
+/* The op prologue of every view: dg__op_begin on x, then the view kernels. */
+static const dg__backend *view_begin(dg_ctx *ctx, const char *op, dg_tensor *x) {
+  const dg__backend *be = dg__op_begin(ctx, op, 1, &x, (const char *[]){"x"}, 0);
+  if (!be || dg__op_kernels(ctx, op, be, be->view)) return NULL;
+  return be;
 }
 
 /* dx += dy where both are contiguous in the same element order (a fresh dx
@@ -19,7 +21,9 @@ static int flat_backward(dg_ctx *ctx, dg_node *n) {
   int overwrite;
   float *dx = dg__grad_buf_w(ctx, n->in[0], &overwrite);
   if (!dx) return ctx->err;
-  add_or_copy(overwrite, dx, n->out->grad->data, dg__numel(n->out));
+  int64_t m = dg__numel(n->out);
+  dg__view_range_args a = {dx, n->out->grad->data, m, 0, m, overwrite};
+  dg__backend_get(n->in[0]->device)->view->range_bwd(&a);
   return DG_OK;
 }
 
@@ -34,7 +38,7 @@ static int record1(dg_ctx *ctx, const char *op, dg_backward_fn fn, dg_tensor *y,
 /* ---- contiguous ---- */
 
 dg_tensor *dg_contiguous(dg_ctx *ctx, dg_tensor *x) {
-  if (!ctx || dg__null_input(ctx, "contiguous", "x", x)) return NULL;
+  if (!view_begin(ctx, "contiguous", x)) return NULL;
   if (dg__is_contig(x)) return x;
   if (!dg__check_f32(ctx, "contiguous", "x", x)) return NULL;
   const float *d = dg__contig_data(ctx, "contiguous", x);
@@ -52,7 +56,7 @@ dg_tensor *dg_contiguous(dg_ctx *ctx, dg_tensor *x) {
 /* ---- reshape ---- */
 
 dg_tensor *dg_reshape(dg_ctx *ctx, dg_tensor *x, int ndim, const int64_t *shape) {
-  if (!ctx || dg__null_input(ctx, "reshape", "x", x)) return NULL;
+  if (!view_begin(ctx, "reshape", x)) return NULL;
   char sx[96];
   if (ndim < 0 || ndim > DG_MAX_DIMS || (ndim && !shape)) {
     dg__set_error(ctx, DG_EINVAL, "reshape: ndim %d outside [0, %d]", ndim, DG_MAX_DIMS);
@@ -103,16 +107,14 @@ static int slice_backward(dg_ctx *ctx, dg_node *n) {
   dg_tensor *x = n->in[0];
   int64_t row = x->shape[0] ? dg__numel(x) / x->shape[0] : 0;
   int64_t lo = n->i[0] * row, m = dg__numel(n->out), nx = dg__numel(x);
-  if (overwrite) { /* fresh: zero outside the slice, copy inside */
-    memset(dx, 0, (size_t)lo * sizeof *dx);
-    memset(dx + lo + m, 0, (size_t)(nx - lo - m) * sizeof *dx);
-  }
-  add_or_copy(overwrite, dx + lo, n->out->grad->data, m);
+  /* fresh: zero outside the slice, copy inside */
+  dg__view_range_args a = {dx, n->out->grad->data, m, lo, nx, overwrite};
+  dg__backend_get(x->device)->view->range_bwd(&a);
   return DG_OK;
 }
 
 dg_tensor *dg_slice(dg_ctx *ctx, dg_tensor *x, int64_t start, int64_t end) {
-  if (!ctx || dg__null_input(ctx, "slice", "x", x)) return NULL;
+  if (!view_begin(ctx, "slice", x)) return NULL;
   char sx[96];
   if (x->ndim < 1 || start < 0 || end < start || end > x->shape[0]) {
     dg__set_error(ctx, DG_ESHAPE, "slice: rows [%lld, %lld) out of range for %s",
@@ -131,42 +133,22 @@ dg_tensor *dg_slice(dg_ctx *ctx, dg_tensor *x, int64_t start, int64_t end) {
 
 /* ---- transpose / permute ---- */
 
-/* dst at v's strides = g (contiguous in v's shape); every element of dst is
- * written (v is a permutation of dst's dims). Rows when the last dim is
- * contiguous. */
-static void strided_store(const dg_tensor *v, float *dst, const float *g) {
-  int64_t n = dg__numel(v), idx[DG_MAX_DIMS] = {0};
-  int nd = v->ndim, rows = nd >= 1 && v->stride[nd - 1] == 1;
-  int64_t len = rows ? v->shape[nd - 1] : 1;
-  for (int64_t k = 0; k < n; k += len) {
-    int64_t off = 0;
-    for (int i = 0; i < nd - rows; i++) off += idx[i] * v->stride[i];
-    if (rows) memcpy(dst + off, g + k, (size_t)len * sizeof *dst);
-    else dst[off] = g[k];
-    for (int i = nd - rows - 1; i >= 0; i--) {
-      if (++idx[i] < v->shape[i]) break;
-      idx[i] = 0;
-    }
-  }
-}
-
 static int permute_backward(dg_ctx *ctx, dg_node *n) {
   dg_tensor *x = n->in[0];
   int overwrite;
   float *dx = dg__grad_buf_w(ctx, x, &overwrite);
   if (!dx) return ctx->err;
   /* dx laid out contiguously in x's shape, seen through the permutation */
-  dg_tensor v = *n->out;
-  int64_t cs[DG_MAX_DIMS], s = 1;
+  int64_t cs[DG_MAX_DIMS], vs[DG_MAX_DIMS], s = 1;
   for (int i = x->ndim - 1; i >= 0; i--) cs[i] = s, s *= x->shape[i];
-  for (int i = 0; i < v.ndim; i++) v.stride[i] = cs[n->i[i]];
-  if (overwrite) strided_store(&v, dx, n->out->grad->data);
-  else dg__strided_add(&v, dx, n->out->grad->data);
+  for (int i = 0; i < n->out->ndim; i++) vs[i] = cs[n->i[i]];
+  dg__view_strided_args a = {dx, n->out->grad->data, n->out->ndim, n->out->shape, vs, overwrite};
+  dg__backend_get(x->device)->view->strided_bwd(&a);
   return DG_OK;
 }
 
 dg_tensor *dg_permute(dg_ctx *ctx, dg_tensor *x, const int *perm) {
-  if (!ctx || dg__null_input(ctx, "permute", "x", x)) return NULL;
+  if (!view_begin(ctx, "permute", x)) return NULL;
   int seen[DG_MAX_DIMS] = {0};
   for (int i = 0; perm && i < x->ndim; i++) {
     if (perm[i] < 0 || perm[i] >= x->ndim || seen[perm[i]]++) perm = NULL;
@@ -191,7 +173,7 @@ dg_tensor *dg_permute(dg_ctx *ctx, dg_tensor *x, const int *perm) {
 }
 
 dg_tensor *dg_transpose(dg_ctx *ctx, dg_tensor *x, int d0, int d1) {
-  if (!ctx || dg__null_input(ctx, "transpose", "x", x)) return NULL;
+  if (!view_begin(ctx, "transpose", x)) return NULL;
   if (d0 < 0) d0 += x->ndim;
   if (d1 < 0) d1 += x->ndim;
   if (d0 < 0 || d1 < 0 || d0 >= x->ndim || d1 >= x->ndim) {

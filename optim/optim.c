@@ -1,18 +1,26 @@
-/* Optimizer object, SGD and AdamW: element-wise updates run as one loop over
- * each run of consecutive trainable parameters of the flat buffers. */
+/* Optimizer object, SGD and AdamW: element-wise updates run as one kernel
+ * call over each run of consecutive trainable parameters of the flat
+ * buffers. The kernels are the backend's (backends/kern_optim.h), reached
+ * through the backend of the store's device. */
 #include <math.h>
 #include <string.h>
 
 #include "optim/optim_impl.h"
+#include "backends/kern_optim.h"
 #include "core/core_impl.h"
-#include "backends/cpu/cpu_impl.h"
-#include "base/threads_impl.h"
 
 int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const char *name,
                     int nstate, const char *const *state_names) {
+  /* the store's device: its flat buffers are host memory (core/params.c) */
+  const dg__backend *be = dg__backend_get(DG_CPU);
+  if (!be || !be->optim) {
+    DG_LOGE("optim %s: no optimizer kernels on the %s backend", name, be ? be->name : "?");
+    return DG_EUNSUPPORTED;
+  }
   dg_optim *o = dg__calloc(1, sizeof *o);
   if (!o) return DG_ENOMEM;
   o->kind = kind;
+  o->be = be;
   o->name = name;
   o->ps = ps;
   dg_params_data(ps, &o->n);
@@ -47,27 +55,11 @@ void dg__optim_param_range(const dg_optim *o, int i, size_t *lo, size_t *hi) {
   *hi = *lo + (size_t)dg_tensor_numel(dg_params_get(o->ps, i));
 }
 
-typedef void (*range_fn)(dg_optim *o, float *w, const float *g, size_t lo, size_t hi);
-
-/* Element-wise updates are independent: big runs are split over dgrad's
- * compute pool. */
-typedef struct {
-  range_fn fn;
-  dg_optim *o;
-  float *w;
-  const float *g;
-  size_t base;
-} run_job;
-
-static void run_chunk(void *arg, int64_t lo, int64_t hi) {
-  run_job *j = arg;
-  j->fn(j->o, j->w, j->g, j->base + (size_t)lo, j->base + (size_t)hi);
-}
+typedef dg__optim_range_fn range_fn;
 
 void dg__optim_run_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi,
                          range_fn fn) {
-  run_job j = {fn, o, w, g, lo};
-  dg__parallel_range((int64_t)(hi - lo), 32768, run_chunk, &j);
+  fn(o, w, g, lo, hi);
 }
 
 /* Calls fn on maximal runs of trainable parameters that lie next to each
@@ -175,20 +167,9 @@ dg_sgd_opts dg_sgd_defaults(void) {
 }
 
 static void sgd_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
-  const float lr = o->lr, wd = o->sgd.weight_decay, mom = o->sgd.momentum;
-  const float damp = 1.0f - o->sgd.dampening;
-  const int first = o->step == 1, nest = o->sgd.nesterov;
-  float *buf = o->state[0];
-  if (mom == 0.0f) {
-    for (size_t j = lo; j < hi; j++) w[j] -= lr * (g[j] + wd * w[j]);
-    return;
-  }
-  for (size_t j = lo; j < hi; j++) {
-    float d = g[j] + wd * w[j];
-    float b = first ? d : buf[j] * mom + damp * d;
-    buf[j] = b;
-    w[j] -= lr * (nest ? d + mom * b : b);
-  }
+  dg__sgd_args a = {w, g, o->state[0], lo, hi, o->lr, o->sgd.weight_decay, o->sgd.momentum,
+                    o->sgd.dampening, o->step == 1, o->sgd.nesterov};
+  o->be->optim->sgd(&a);
 }
 
 static void sgd_step(dg_optim *o, float *w, const float *g) { for_each_run(o, w, g, sgd_range); }
@@ -219,36 +200,16 @@ dg_adamw_opts dg_adamw_defaults(void) {
   return d;
 }
 
-typedef struct {
-  float decay, step_size, bc2_sqrt, b1, b2, c1, c2, eps;
-} adamw_k;
-
-/* torch.optim.AdamW's update, operation for operation (sqrt and divisions
- * kept: the vector forms round exactly like the scalar ones). */
-DG_INLINE void adamw_kernel_body(const adamw_k *k, float *restrict w, const float *restrict g,
-                                 float *restrict m, float *restrict v, size_t n) {
-  for (size_t j = 0; j < n; j++) {
-    float gj = g[j];
-    float mj = m[j] * k->b1 + k->c1 * gj;
-    float vj = v[j] * k->b2 + k->c2 * gj * gj;
-    m[j] = mj;
-    v[j] = vj;
-    float wj = w[j] * k->decay;
-    w[j] = wj - k->step_size * (mj / (sqrtf(vj) / k->bc2_sqrt + k->eps));
-  }
-}
-DG_SIMD_FN(adamw_kernel,
-           (const adamw_k *k, float *restrict w, const float *restrict g, float *restrict m,
-            float *restrict v, size_t n),
-           (k, w, g, m, v, n))
-
+/* torch.optim.AdamW's step constants; the kernel does the rest. */
 static void adamw_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
   const dg_adamw_opts *a = &o->adam;
   const double t = (double)o->step;
-  adamw_k k = {(float)(1.0 - (double)o->lr * a->weight_decay),
-               (float)(o->lr / (1.0 - pow(a->beta1, t))), (float)sqrt(1.0 - pow(a->beta2, t)),
-               a->beta1, a->beta2, 1.0f - a->beta1, 1.0f - a->beta2, a->eps};
-  if (hi > lo) adamw_kernel(&k, w + lo, g + lo, o->state[0] + lo, o->state[1] + lo, hi - lo);
+  dg__adamw_args k = {w, g, o->state[0], o->state[1], lo, hi,
+                      (float)(1.0 - (double)o->lr * a->weight_decay),
+                      (float)(o->lr / (1.0 - pow(a->beta1, t))),
+                      (float)sqrt(1.0 - pow(a->beta2, t)), a->beta1, a->beta2, 1.0f - a->beta1,
+                      1.0f - a->beta2, a->eps};
+  o->be->optim->adamw(&k);
 }
 
 static void adamw_step(dg_optim *o, float *w, const float *g) {

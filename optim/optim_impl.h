@@ -3,6 +3,7 @@
 #define DG_OPTIM_IMPL_H
 
 #include "dgrad/optim.h"
+#include "backends/backend.h"
 #include "base/common_impl.h"
 
 #define DG_OPTIM_MAX_STATE 2
@@ -17,6 +18,9 @@ struct dg_optim {
   dg__optim_kind kind;
   const char *name;
   dg_params *ps;
+  /* the backend of the store's device, whose kernels (backends/kern_optim.h)
+   * apply the updates */
+  const dg__backend *be;
   size_t n;      /* flat length when created */
   int nparams;   /* parameter count when created */
   float lr;
@@ -38,17 +42,19 @@ struct dg_optim {
   void *owner;
 };
 
-/* Element-wise update of [lo, hi) of the flat buffers (SGD, AdamW); NULL for
- * the kinds that need whole-parameter norms first. */
+/* Element-wise update of [lo, hi) of the flat buffers (SGD, AdamW; the
+ * backend's kernel splits a long range over the device); NULL for the kinds
+ * that need whole-parameter norms first. */
 typedef void (*dg__optim_range_fn)(struct dg_optim *o, float *w, const float *g, size_t lo,
                                    size_t hi);
 dg__optim_range_fn dg__optim_range(const struct dg_optim *o);
-/* Runs fn over [lo, hi), split over dgrad's compute pool when long. */
+/* Runs fn over [lo, hi) (its kernel splits a long range over the pool). */
 void dg__optim_run_range(struct dg_optim *o, float *w, const float *g, size_t lo, size_t hi,
                          dg__optim_range_fn fn);
 
 /* Allocates the object and `nstate` zeroed state buffers of the store's flat
- * length. Names are static strings. */
+ * length, and finds the backend of the store's device (DG_EUNSUPPORTED when
+ * it has no optimizer kernels). Names are static strings. */
 int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const char *name,
                     int nstate, const char *const *state_names);
 

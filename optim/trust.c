@@ -1,11 +1,12 @@
 /* Layer-wise adaptive optimizers: LAMB (You et al. 2019) and LARS (You et al.
  * 2017). Both need per-parameter norms, so they walk the store parameter by
- * parameter; norms are accumulated in double. No scratch memory: LAMB makes
- * two passes (norms, then update) and recomputes its update direction. */
+ * parameter; the per-parameter math is the backend's kernel
+ * (backends/kern_optim.h). */
 #include <math.h>
 #include <string.h>
 
 #include "optim/optim_impl.h"
+#include "backends/kern_optim.h"
 
 /* ---- LAMB ---- */
 
@@ -14,26 +15,10 @@ dg_lamb_opts dg_lamb_defaults(void) { return dg_adamw_defaults(); }
 void dg__lamb_param(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
   const dg_adamw_opts *a = &o->adam;
   const double t = (double)o->step;
-  const float bc1 = (float)(1.0 - pow(a->beta1, t)), bc2 = (float)(1.0 - pow(a->beta2, t));
-  const float b1 = a->beta1, b2 = a->beta2, eps = a->eps, wd = a->weight_decay;
-  float *m = o->state[0], *v = o->state[1];
-  double wn = 0, rn = 0;
-  for (size_t j = lo; j < hi; j++) {
-    float gj = g[j];
-    float mj = m[j] * b1 + (1.0f - b1) * gj;
-    float vj = v[j] * b2 + (1.0f - b2) * gj * gj;
-    m[j] = mj;
-    v[j] = vj;
-    float r = (mj / bc1) / (sqrtf(vj / bc2) + eps) + wd * w[j];
-    wn += (double)w[j] * w[j];
-    rn += (double)r * r;
-  }
-  double ratio = (wn > 0 && rn > 0) ? sqrt(wn) / sqrt(rn) : 1.0;
-  const float step = (float)(o->lr * ratio);
-  for (size_t j = lo; j < hi; j++) {
-    float r = (m[j] / bc1) / (sqrtf(v[j] / bc2) + eps) + wd * w[j];
-    w[j] -= step * r;
-  }
+  dg__lamb_args k = {w, g, o->state[0], o->state[1], lo, hi, o->lr, a->beta1, a->beta2, a->eps,
+                     a->weight_decay, (float)(1.0 - pow(a->beta1, t)),
+                     (float)(1.0 - pow(a->beta2, t))};
+  o->be->optim->lamb(&k);
 }
 
 static void lamb_step(dg_optim *o, float *w, const float *g) {
@@ -76,32 +61,9 @@ dg_lars_opts dg_lars_defaults(void) {
 
 void dg__lars_param(dg_optim *o, int excluded, float *w, const float *g, size_t lo,
                     size_t hi) {
-  const float mom = o->lars.momentum;
-  float *buf = o->state[0];
-  if (excluded) {
-    const float lr = o->lr;
-    for (size_t j = lo; j < hi; j++) {
-      buf[j] = mom * buf[j] + lr * g[j];
-      w[j] -= buf[j];
-    }
-    return;
-  }
-  const float wd = o->lars.weight_decay;
-  double wn = 0, gn = 0;
-  for (size_t j = lo; j < hi; j++) {
-    wn += (double)w[j] * w[j];
-    gn += (double)g[j] * g[j];
-  }
-  wn = sqrt(wn);
-  gn = sqrt(gn);
-  double local = 1.0;
-  if (wn > 0 && gn > 0)
-    local = o->lars.trust_coef * wn / (gn + wd * wn + o->lars.eps);
-  const float scale = (float)(o->lr * local);
-  for (size_t j = lo; j < hi; j++) {
-    buf[j] = mom * buf[j] + scale * (g[j] + wd * w[j]);
-    w[j] -= buf[j];
-  }
+  dg__lars_args k = {w, g, o->state[0], lo, hi, o->lr, o->lars.momentum, o->lars.weight_decay,
+                     o->lars.trust_coef, o->lars.eps, excluded};
+  o->be->optim->lars(&k);
 }
 
 static void lars_step(dg_optim *o, float *w, const float *g) {

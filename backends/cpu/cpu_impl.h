@@ -16,6 +16,22 @@
 
 /* Kernel tables of the families already moved into backends/cpu/. */
 extern const struct dg__kern_norm dg__cpu_kern_norm;
+extern const struct dg__kern_optim dg__cpu_kern_optim;
+extern const struct dg__kern_mlp dg__cpu_kern_mlp;
+extern const struct dg__kern_attention dg__cpu_kern_attention;
+extern const struct dg__kern_conv dg__cpu_kern_conv;
+extern const struct dg__kern_view dg__cpu_kern_view;
+extern const struct dg__kern_concat dg__cpu_kern_concat;
+extern const struct dg__kern_pool dg__cpu_kern_pool;
+extern const struct dg__kern_mask dg__cpu_kern_mask;
+extern const struct dg__kern_dropout dg__cpu_kern_dropout;
+extern const struct dg__kern_embedding dg__cpu_kern_embedding;
+extern const struct dg__kern_unary dg__cpu_kern_unary;
+extern const struct dg__kern_reduce dg__cpu_kern_reduce;
+extern const struct dg__kern_softmax dg__cpu_kern_softmax;
+extern const struct dg__kern_loss dg__cpu_kern_loss;
+extern const struct dg__kern_binary dg__cpu_kern_binary;
+extern const struct dg__kern_blas dg__cpu_kern_blas;
 
 /* Row-major C(M,N) = alpha * op(A)(M,K) op(B)(K,N) + beta * C; lda/ldb/ldc are
  * the stored row lengths. */

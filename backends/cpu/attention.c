@@ -1,0 +1,267 @@
+/* Fused multi-head self-attention kernels of the CPU backend (the op:
+ * ops/attention.c).
+ *
+ * dg_attention(qkv (B, T, 3C), heads, causal, scale) -> y (B, T, C): for every
+ * (batch b, head h), with hd = C / heads and q, k, v the (T, hd) column blocks
+ * of qkv at offsets h*hd, C + h*hd, 2C + h*hd (row stride 3C):
+ *
+ *   S = scale * q k^T                       (T, T)
+ *   P = softmax(S) over j (j <= i if causal) (T, T), zero above the diagonal
+ *   y[:, h*hd : (h+1)*hd] = P v             (T, hd), row stride C
+ *
+ * The GEMMs run on strided views of qkv and write y in place: no split, no
+ * head permute, no contiguous copies. Mask, scale and softmax are one pass
+ * over j <= i. Backward, from the saved qkv and P:
+ *
+ *   dv = P^T dy,  dP = dy v^T,  dS = scale * P * (dP - rowsum(dP * P)),
+ *   dq = dS k,    dk = dS^T q
+ *
+ * written straight into the (B, T, 3C) gradient of qkv (the first writer
+ * overwrites). With a causal mask the GEMMs go by blocks of ATT_BLK rows and
+ * skip the blocks above the diagonal. (b, h) pairs run on the compute pool;
+ * each task calls the single-threaded GEMM. Nothing is allocated outside the
+ * arena: P (B, H, T, T) is saved, the backward's dP/dS is per-task scratch
+ * (the op takes it from its arena). */
+#include <math.h>
+#include <string.h>
+
+#include "backends/cpu/cpu_impl.h"
+#include "backends/kern_attention.h"
+
+#define ATT_BLK 32 /* causal GEMM block (rows of S): 32 skips a quarter of T = 64's work */
+
+/* exp(x) for x <= 0, branch-free so row loops vectorise: cpu_impl.h's
+ * Cephes kernel (~1 ulp), flushed to 0 below -87.3 (and for -inf) where
+ * that saturates at FLT_MIN. */
+DG_INLINE float att_exp(float x) {
+  int32_t keep = -(int32_t)(x >= -87.3365447504f);
+  return dg__bits_to_f(dg__f_to_bits(dg__exp_nonpos(x)) & keep);
+}
+
+/* Float bits -> an int32 in the same order (negatives flipped); f_key_inv
+ * undoes it. */
+DG_INLINE int32_t f_key(float x) {
+  int32_t b = dg__f_to_bits(x);
+  return b ^ ((b >> 31) & INT32_MAX);
+}
+DG_INLINE int32_t f_key_inv(int32_t k) { return k ^ ((k >> 31) & INT32_MAX); }
+
+/* Horizontal max of 16 lanes as a tree (vector halves), not a chain of 16
+ * dependent scalar ops; sums use dg__lanes_sum16. */
+DG_INLINE int32_t lanes_max(int32_t *a) {
+  for (int k = 0; k < 8; k++) a[k] = a[k + 8] > a[k] ? a[k + 8] : a[k];
+  for (int k = 0; k < 4; k++) a[k] = a[k + 4] > a[k] ? a[k + 4] : a[k];
+  for (int k = 0; k < 2; k++) a[k] = a[k + 2] > a[k] ? a[k + 2] : a[k];
+  return a[1] > a[0] ? a[1] : a[0];
+}
+
+/* Valid length of row i (n) and its length padded to whole 16-float chunks
+ * inside the row (nv); loops below go by chunks of 16 (one vector each, no
+ * vector epilogue for these short rows) and finish [n16, nv) scalar, which
+ * only happens when T % 16 != 0. */
+#define ROW_LENS(i, T, causal, n, nv, n16)                                          \
+  int64_t n = (causal) ? (i) + 1 : (T);                                             \
+  int64_t nv = (causal) ? DG_MIN((n + 15) & ~(int64_t)15, (T)) : (T);               \
+  int64_t n16 = nv & ~(int64_t)15
+
+/* Rows [r0, r1) of S (T, T), in place: row i (its first n_i = i + 1 entries
+ * when causal, else all T, already scaled) -> softmax, zeros beyond n_i.
+ * A causal row is padded with -inf to nv, whose exp is 0. */
+DG_INLINE void softmax_rows_body(float *restrict S, int64_t r0, int64_t r1, int64_t T,
+                                 int causal) {
+  for (int64_t i = r0; i < r1; i++) {
+    float *restrict s = S + i * T;
+    ROW_LENS(i, T, causal, n, nv, n16);
+    int64_t j;
+    for (j = n; j < nv; j++) s[j] = -INFINITY;
+    /* max on order-preserving integer keys: gcc vectorises an integer
+     * max, not a float one (NaN semantics) */
+    int32_t mx[16];
+    for (int k = 0; k < 16; k++) mx[k] = INT32_MIN;
+    for (j = 0; j < n16; j += 16)
+      for (int k = 0; k < 16; k++) {
+        int32_t key = f_key(s[j + k]);
+        mx[k] = key > mx[k] ? key : mx[k];
+      }
+    for (; j < nv; j++) mx[0] = f_key(s[j]) > mx[0] ? f_key(s[j]) : mx[0];
+    float m = dg__bits_to_f(f_key_inv(lanes_max(mx)));
+    float acc[16] = {0};
+    for (j = 0; j < n16; j += 16)
+      for (int k = 0; k < 16; k++) {
+        float e = att_exp(s[j + k] - m);
+        s[j + k] = e;
+        acc[k] += e;
+      }
+    for (; j < nv; j++) {
+      s[j] = att_exp(s[j] - m);
+      acc[0] += s[j];
+    }
+    float inv = 1.0f / dg__lanes_sum16(acc);
+    for (j = 0; j < n16; j += 16)
+      for (int k = 0; k < 16; k++) s[j + k] *= inv;
+    for (; j < nv; j++) s[j] *= inv;
+    for (j = nv; j + 16 <= T; j += 16)
+      for (int k = 0; k < 16; k++) s[j + k] = 0.0f;
+    for (; j < T; j++) s[j] = 0.0f;
+  }
+}
+DG_SIMD_FN(softmax_rows, (float *S, int64_t r0, int64_t r1, int64_t T, int causal),
+           (S, r0, r1, T, causal))
+
+/* Rows [r0, r1) of dS (T, T) from dP (in place) and P (T, T):
+ * dS = scale * P * (dP - sum_j(dP * P)). P is 0 beyond n_i (and over the
+ * padding), so a causal row runs to nv and is zeroed beyond. */
+DG_INLINE void softmax_grad_rows_body(float *restrict D, const float *restrict P, int64_t r0,
+                                      int64_t r1, int64_t T, int causal, float scale) {
+  for (int64_t i = r0; i < r1; i++) {
+    float *restrict d = D + i * T;
+    const float *restrict p = P + i * T;
+    if (i + 2 < r1) /* P was saved in forward: far by now */
+      for (int64_t k = 0; k < T; k += 16) __builtin_prefetch(p + 2 * T + k);
+    ROW_LENS(i, T, causal, n, nv, n16);
+    (void)n;
+    int64_t j;
+    float acc[16] = {0};
+    for (j = 0; j < n16; j += 16)
+      for (int k = 0; k < 16; k++) acc[k] += d[j + k] * p[j + k];
+    for (; j < nv; j++) acc[0] += d[j] * p[j];
+    float s = dg__lanes_sum16(acc);
+    for (j = 0; j < n16; j += 16)
+      for (int k = 0; k < 16; k++) d[j + k] = scale * p[j + k] * (d[j + k] - s);
+    for (; j < nv; j++) d[j] = scale * p[j] * (d[j] - s);
+    for (j = nv; j + 16 <= T; j += 16)
+      for (int k = 0; k < 16; k++) d[j + k] = 0.0f;
+    for (; j < T; j++) d[j] = 0.0f;
+  }
+}
+DG_SIMD_FN(softmax_grad_rows,
+           (float *D, const float *P, int64_t r0, int64_t r1, int64_t T, int causal, float scale),
+           (D, P, r0, r1, T, causal, scale))
+
+typedef struct {
+  int64_t B, T, C, H, hd;
+  int causal, ntasks;
+  float scale;
+  const float *qkv; /* (B, T, 3C) */
+  float *y;         /* (B, T, C) */
+  float *P;         /* (B, H, T, T) saved, or (ntasks, T, T) scratch */
+  int P_scratch;
+  /* backward */
+  const float *dy;  /* (B, T, C) */
+  float *dqkv;      /* (B, T, 3C) */
+  float *dS;        /* (ntasks, T, T) scratch */
+  float beta;       /* 0: first write into dqkv */
+} att_job;
+
+/* [lo, hi) of the B*H pairs for task t */
+static void task_range(const att_job *j, int t, int64_t *lo, int64_t *hi) {
+  int64_t n = j->B * j->H;
+  *lo = n * t / j->ntasks;
+  *hi = n * (t + 1) / j->ntasks;
+}
+
+static void fwd_pair(const att_job *j, int64_t bh, float *P /* (T, T) */) {
+  int64_t b = bh / j->H, h = bh % j->H, T = j->T, C = j->C, hd = j->hd, ld = 3 * C;
+  const float *q = j->qkv + b * T * ld + h * hd, *k = q + C, *v = q + 2 * C; /* (T, hd), ld 3C */
+  float *y = j->y + b * T * C + h * hd;                                       /* (T, hd), ld C */
+  for (int64_t r0 = 0; r0 < T; r0 += ATT_BLK) {
+    int64_t r1 = DG_MIN(r0 + ATT_BLK, T), nc = j->causal ? r1 : T;
+    /* S[r0:r1, 0:nc] = scale * q[r0:r1] k[0:nc]^T */
+    dg__sgemm(0, 1, r1 - r0, nc, hd, j->scale, q + r0 * ld, ld, k, ld, 0.0f, P + r0 * T, T);
+    softmax_rows(P, r0, r1, T, j->causal);
+    /* y[r0:r1] = P[r0:r1, 0:nc] v[0:nc] */
+    dg__sgemm(0, 0, r1 - r0, hd, nc, 1.0f, P + r0 * T, T, v, ld, 0.0f, y + r0 * C, C);
+  }
+}
+
+static void fwd_task(void *arg, int t) {
+  const att_job *j = arg;
+  int64_t lo, hi, TT = j->T * j->T;
+  task_range(j, t, &lo, &hi);
+  for (int64_t bh = lo; bh < hi; bh++)
+    fwd_pair(j, bh, j->P_scratch ? j->P + t * TT : j->P + bh * TT);
+}
+
+static void bwd_pair(const att_job *j, int64_t bh, float *dS /* (T, T) */) {
+  int64_t b = bh / j->H, h = bh % j->H, T = j->T, C = j->C, hd = j->hd, ld = 3 * C;
+  int64_t off = b * T * ld + h * hd;
+  const float *q = j->qkv + off, *k = q + C, *v = q + 2 * C; /* (T, hd), ld 3C */
+  float *dq = j->dqkv + off, *dk = dq + C, *dv = dq + 2 * C; /* (T, hd), ld 3C */
+  const float *dy = j->dy + b * T * C + h * hd;              /* (T, hd), ld C */
+  const float *P = j->P + bh * T * T;                        /* (T, T) */
+  float beta = j->beta;
+  for (int64_t r0 = 0; r0 < T; r0 += ATT_BLK) {
+    int64_t r1 = DG_MIN(r0 + ATT_BLK, T), nc = j->causal ? r1 : T;
+    /* dP[r0:r1, 0:nc] = dy[r0:r1] v[0:nc]^T, then dS in place */
+    dg__sgemm(0, 1, r1 - r0, nc, hd, 1.0f, dy + r0 * C, C, v, ld, 0.0f, dS + r0 * T, T);
+    softmax_grad_rows(dS, P, r0, r1, T, j->causal, j->scale);
+    /* dq[r0:r1] = dS[r0:r1, 0:nc] k[0:nc] */
+    dg__sgemm(0, 0, r1 - r0, hd, nc, 1.0f, dS + r0 * T, T, k, ld, beta, dq + r0 * ld, ld);
+  }
+  /* column blocks: rows c0.. of dk/dv see query rows i >= c0 when causal */
+  for (int64_t c0 = 0; c0 < T; c0 += ATT_BLK) {
+    int64_t c1 = DG_MIN(c0 + ATT_BLK, T), i0 = j->causal ? c0 : 0;
+    /* dv[c0:c1] = P[i0:T, c0:c1]^T dy[i0:T];  dk[c0:c1] = dS[i0:T, c0:c1]^T q[i0:T] */
+    dg__sgemm(1, 0, c1 - c0, hd, T - i0, 1.0f, P + i0 * T + c0, T, dy + i0 * C, C, beta,
+              dv + c0 * ld, ld);
+    dg__sgemm(1, 0, c1 - c0, hd, T - i0, 1.0f, dS + i0 * T + c0, T, q + i0 * ld, ld, beta,
+              dk + c0 * ld, ld);
+  }
+}
+
+static void bwd_task(void *arg, int t) {
+  const att_job *j = arg;
+  int64_t lo, hi;
+  task_range(j, t, &lo, &hi);
+  for (int64_t bh = lo; bh < hi; bh++) bwd_pair(j, bh, j->dS + t * j->T * j->T);
+}
+
+/* Enough tasks to balance the pool, few enough that scratch stays small. */
+static int att_ntasks(int64_t pairs) {
+  int64_t n = 4 * (int64_t)dg_get_num_threads();
+  return (int)DG_MAX(1, DG_MIN(pairs, n));
+}
+
+/* Tasks for `pairs` (b, h) pairs, at most one (T, T) block of the
+ * caller's scratch each. */
+static int scratch_tasks(const dg__att_args *a, int64_t pairs) {
+  int nt = att_ntasks(pairs);
+  int64_t TT = a->T * a->T;
+  if (TT > 0 && a->nscratch / TT < nt) nt = (int)DG_MAX((int64_t)1, a->nscratch / TT);
+  return nt;
+}
+
+static int64_t cpu_att_scratch(int64_t B, int64_t H, int64_t T) {
+  if (B * H * T == 0) return 0;
+  return (int64_t)att_ntasks(B * H) * T * T;
+}
+
+static void cpu_att_forward(const dg__att_args *a) {
+  att_job j = {.B = a->B, .T = a->T, .C = a->C, .H = a->H, .causal = a->causal,
+               .scale = a->scale, .qkv = a->qkv, .y = a->y};
+  j.hd = j.C / j.H;
+  if (j.B * j.H * j.T == 0) return;
+  if (a->P) {
+    j.ntasks = att_ntasks(j.B * j.H);
+    j.P = a->P;
+  } else {
+    j.ntasks = scratch_tasks(a, j.B * j.H);
+    j.P = a->scratch;
+    j.P_scratch = 1;
+  }
+  dg__parallel_for(j.ntasks, fwd_task, &j);
+}
+
+static void cpu_att_backward(const dg__att_args *a) {
+  att_job j = {.B = a->B, .T = a->T, .C = a->C, .H = a->H, .causal = a->causal,
+               .scale = a->scale, .qkv = a->qkv, .P = a->P, .dy = a->dy, .dqkv = a->dqkv,
+               .beta = a->acc ? 1.0f : 0.0f};
+  j.hd = j.C / j.H;
+  if (j.B * j.H * j.T == 0) return;
+  j.ntasks = scratch_tasks(a, j.B * j.H);
+  j.dS = a->scratch;
+  dg__parallel_for(j.ntasks, bwd_task, &j);
+}
+
+const struct dg__kern_attention dg__cpu_kern_attention = {cpu_att_scratch, cpu_att_forward,
+                                                          cpu_att_backward};

@@ -1,0 +1,128 @@
+/* The CPU backend's BLAS table (backends/kern_blas.h): the GEMM
+ * (backends/cpu/gemm.c), column sums for bias gradients, the bias/residual
+ * fill before a GEMM accumulates, and a gradient passed through. Element
+ * loops are compiled per ISA (DG_SIMD_FN); fills and passes split over the
+ * pool by rows/elements (independent, so any thread count gives the same
+ * bits). The conv, attention and MLP kernels call these directly. */
+#include <string.h>
+
+#include "backends/cpu/cpu_impl.h"
+#include "backends/kern_blas.h"
+
+/* db(O) (+)= column sums of dy(R, O): streams dy row by row into db
+ * (O floats, cache-resident), vectorised along the row. */
+DG_INLINE void colsum_body(float *restrict db, const float *restrict dy, int64_t R, int64_t O,
+                           int overwrite) {
+  int64_t r = 0;
+  if (overwrite) {
+    if (R == 0) {
+      memset(db, 0, (size_t)O * sizeof(float));
+      return;
+    }
+    memcpy(db, dy, (size_t)O * sizeof(float));
+    r = 1;
+  }
+  for (; r < R; r++) {
+    const float *restrict row = dy + r * O;
+    for (int64_t o = 0; o < O; o++) db[o] += row[o];
+  }
+}
+DG_SIMD_FN(colsum, (float *db, const float *dy, int64_t R, int64_t O, int overwrite),
+           (db, dy, R, O, overwrite))
+
+void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite) {
+  colsum(db, dy, R, O, overwrite);
+}
+
+/* y rows [lo, hi) = b: one row copied, then doubled (a few memcpy calls,
+ * not one per row). */
+typedef struct {
+  const float *b; /* (O) */
+  float *y;       /* (R, O) */
+  int64_t O;
+} bias_job;
+
+/* y is fresh arena memory, far from the core: rows are fetched for
+ * writing FILL_PF floats ahead (a write-allocate miss per line otherwise
+ * stalls each store), a line per 16 floats. */
+#define FILL_PF 2048
+
+DG_INLINE void bias_rows_body(float *restrict y, const float *restrict b, int64_t n, int64_t O) {
+  for (int64_t i = 0; i < n; i++) {
+    float *restrict yr = y + i * O;
+    for (int64_t k = 0; k < O; k += 16) __builtin_prefetch(yr + FILL_PF + k, 1);
+    for (int64_t o = 0; o < O; o++) yr[o] = b[o];
+  }
+}
+DG_SIMD_FN(bias_rows, (float *y, const float *b, int64_t n, int64_t O), (y, b, n, O))
+
+static void bias_task(void *arg, int64_t lo, int64_t hi) {
+  const bias_job *j = arg;
+  bias_rows(j->y + lo * j->O, j->b, hi - lo, j->O);
+}
+
+/* d[lo, hi) (+)= s: the residual's gradient of dg_linear_add. */
+typedef struct {
+  float *d;
+  const float *s;
+  int acc;
+} add_job;
+
+DG_INLINE void acc_rows_body(float *restrict d, const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] += s[i];
+}
+DG_SIMD_FN(acc_rows, (float *d, const float *s, int64_t n), (d, s, n))
+
+static void add_task(void *arg, int64_t lo, int64_t hi) {
+  const add_job *j = arg;
+  if (j->acc) acc_rows(j->d + lo, j->s + lo, hi - lo);
+  else memcpy(j->d + lo, j->s + lo, (size_t)(hi - lo) * sizeof(float));
+}
+
+/* y rows [lo, hi) = res + b: the residual and bias of dg_linear_add in one
+ * pass, before the GEMM accumulates. */
+typedef struct {
+  const float *b, *res; /* (O) or NULL, (R, O) */
+  float *y;             /* (R, O) */
+  int64_t O;
+} res_job;
+
+DG_INLINE void res_bias_body(float *restrict y, const float *restrict r, const float *restrict b,
+                             int64_t rows, int64_t O) {
+  for (int64_t i = 0; i < rows; i++) {
+    for (int64_t k = 0; k < O; k += 16) __builtin_prefetch(y + i * O + FILL_PF + k, 1);
+    for (int64_t o = 0; o < O; o++) y[i * O + o] = r[i * O + o] + b[o];
+  }
+}
+DG_SIMD_FN(res_bias, (float *y, const float *r, const float *b, int64_t rows, int64_t O),
+           (y, r, b, rows, O))
+
+static void res_task(void *arg, int64_t lo, int64_t hi) {
+  const res_job *j = arg;
+  if (j->b) res_bias(j->y + lo * j->O, j->res + lo * j->O, j->b, hi - lo, j->O);
+  else memcpy(j->y + lo * j->O, j->res + lo * j->O, (size_t)((hi - lo) * j->O) * sizeof(float));
+}
+
+void dg__fill_rows(float *y, const float *res, const float *b, int64_t R, int64_t O) {
+  if (R <= 0 || O <= 0 || (!res && !b)) return;
+  int64_t grain = DG_MAX((int64_t)1, DG_GRAIN_MEM / O);
+  if (res) {
+    res_job rj = {b, res, y, O};
+    dg__parallel_range(R, grain, res_task, &rj);
+  } else {
+    bias_job bj = {b, y, O};
+    dg__parallel_range(R, grain, bias_task, &bj);
+  }
+}
+
+void dg__grad_pass(float *d, const float *s, int64_t n, int acc) {
+  add_job aj = {d, s, acc};
+  dg__parallel_range(n, DG_GRAIN_MEM, add_task, &aj);
+}
+
+const struct dg__kern_blas dg__cpu_kern_blas = {
+    .sgemm = dg__sgemm,
+    .colsum = dg__colsum,
+    .fill_rows = dg__fill_rows,
+    .grad_pass = dg__grad_pass,
+};

@@ -1,0 +1,89 @@
+/* Max pooling kernels of the CPU backend (the op: ops/pool.c).
+ *
+ * Forward keeps, for every output, the index of its maximum inside the input
+ * plane (H*W, int32); backward scatters dy through those indices. Ties go to
+ * the first maximum in row-major window order and a NaN wins, as in
+ * PyTorch's CPU kernel. Planes are independent: both passes split them over
+ * the pool, and a fresh dx is zeroed plane by plane inside the split. */
+#include <math.h>
+#include <string.h>
+
+#include "backends/cpu/cpu_impl.h"
+#include "backends/kern_pool.h"
+
+typedef dg__maxpool_args pool_job;
+
+/* One plane: y (OH, OW), idx (OH, OW) from x (H, W). */
+static void pool_plane(const pool_job *g, const float *restrict x, float *restrict y,
+                       int32_t *restrict idx) {
+  const int64_t k = g->k, s = g->s, W = g->W;
+  for (int64_t oh = 0; oh < g->OH; oh++)
+    for (int64_t ow = 0; ow < g->OW; ow++) {
+      int64_t base = oh * s * W + ow * s;
+      float m = x[base];
+      int64_t mi = base;
+      for (int64_t i = 0; i < k; i++) {
+        const float *r = x + base + i * W;
+        for (int64_t j = 0; j < k; j++) {
+          float v = r[j];
+          if (v > m || isnan(v)) m = v, mi = base + i * W + j;
+        }
+      }
+      y[oh * g->OW + ow] = m;
+      idx[oh * g->OW + ow] = (int32_t)mi;
+    }
+}
+
+/* The common 2x2 stride-2 window, unrolled. */
+static void pool_plane_2x2(const pool_job *g, const float *restrict x, float *restrict y,
+                           int32_t *restrict idx) {
+  const int64_t W = g->W;
+  for (int64_t oh = 0; oh < g->OH; oh++) {
+    const float *r0 = x + 2 * oh * W, *r1 = r0 + W;
+    for (int64_t ow = 0; ow < g->OW; ow++) {
+      int64_t c = 2 * ow, mi = c;
+      float m = r0[c];
+      if (r0[c + 1] > m || isnan(r0[c + 1])) m = r0[c + 1], mi = c + 1;
+      if (r1[c] > m || isnan(r1[c])) m = r1[c], mi = W + c;
+      if (r1[c + 1] > m || isnan(r1[c + 1])) m = r1[c + 1], mi = W + c + 1;
+      y[oh * g->OW + ow] = m;
+      idx[oh * g->OW + ow] = (int32_t)(2 * oh * W + mi);
+    }
+  }
+}
+
+static void fwd_planes(void *arg, int64_t lo, int64_t hi) {
+  const pool_job *j = arg;
+  const int64_t L = j->OH * j->OW, P = j->H * j->W;
+  for (int64_t p = lo; p < hi; p++) {
+    if (j->k == 2 && j->s == 2) pool_plane_2x2(j, j->x + p * P, j->y + p * L, j->idx + p * L);
+    else pool_plane(j, j->x + p * P, j->y + p * L, j->idx + p * L);
+  }
+}
+
+static void bwd_planes(void *arg, int64_t lo, int64_t hi) {
+  const pool_job *j = arg;
+  const int64_t L = j->OH * j->OW, P = j->H * j->W;
+  for (int64_t p = lo; p < hi; p++) {
+    const float *d = j->dy + p * L;
+    const int32_t *ix = j->idx + p * L;
+    float *dxp = j->dx + p * P;
+    if (!j->acc) memset(dxp, 0, (size_t)P * sizeof *dxp);
+    for (int64_t l = 0; l < L; l++) dxp[ix[l]] += d[l];
+  }
+}
+
+/* Planes per pool chunk: about 16K input elements. */
+static int64_t plane_grain(const pool_job *g) {
+  return DG_MAX((int64_t)1, 16384 / DG_MAX(g->H * g->W, (int64_t)1));
+}
+
+static void cpu_maxpool2d_fwd(const dg__maxpool_args *a) {
+  dg__parallel_range(a->planes, plane_grain(a), fwd_planes, (void *)a);
+}
+
+static void cpu_maxpool2d_bwd(const dg__maxpool_args *a) {
+  dg__parallel_range(a->planes, plane_grain(a), bwd_planes, (void *)a);
+}
+
+const struct dg__kern_pool dg__cpu_kern_pool = {cpu_maxpool2d_fwd, cpu_maxpool2d_bwd};

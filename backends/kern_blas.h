@@ -1,0 +1,25 @@
+/* Dense linear-algebra kernels shared by the op families that multiply
+ * matrices (ops/matmul.c, ops/mlp.c; the conv and attention kernels use
+ * their backend's GEMM directly). Row-major, on raw pointers. Not API. */
+#ifndef DG_KERN_BLAS_H
+#define DG_KERN_BLAS_H
+
+#include <stdint.h>
+
+struct dg__kern_blas {
+  /* C(M,N) = alpha * op(A)(M,K) op(B)(K,N) + beta * C, row-major; lda, ldb,
+   * ldc are the stored row lengths; ta/tb: op is the transpose. beta 0
+   * overwrites C (its old contents are not read). */
+  void (*sgemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+  /* db(O) (+)= column sums of dy(R, O); overwrite: store, do not add (R 0:
+   * zeros). */
+  void (*colsum)(float *db, const float *dy, int64_t R, int64_t O, int overwrite);
+  /* y (R, O) = res + b per row, before a GEMM accumulates (beta 1); res or b
+   * may be NULL (both: nothing is written). */
+  void (*fill_rows)(float *y, const float *res, const float *b, int64_t R, int64_t O);
+  /* d (n) = s, or += s when acc: a gradient passed through. */
+  void (*grad_pass)(float *d, const float *s, int64_t n, int acc);
+};
+
+#endif
