@@ -13,7 +13,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "dist/pg_impl.h"
+#include "dist/coll_impl.h"
 #include "dist/net/net_impl.h"
 #include "base/common_impl.h"
 
@@ -47,8 +47,7 @@ int dg__cma_setup(dg_pg *pg, const uint64_t *probe, const char *const *hosts) {
     if (!hosts[p] || strcmp(hosts[p], me) || pg->pids[p] <= 0) ok[0] = ok[1] = 0;
     else if (read_peer(pg->pids[p], &v, probe[p], 8) < 0 || v != cma_magic) ok[0] = 0;
   }
-  const char *env = getenv("DG_SHM"); /* "0": no shared-memory segment */
-  if (env && !strcmp(env, "0")) ok[1] = 0;
+  if (pg->no_shm) ok[1] = 0;
   /* Agree (every rank must choose the same algorithms): MIN over ranks, on
    * a slot outside ProcessGroupGloo's prefixes. */
   dg_work w = {.pg = pg, .kind = DG_W_ALLREDUCE};

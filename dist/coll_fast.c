@@ -10,7 +10,7 @@
  * on all ranks. */
 #include <string.h>
 
-#include "dist/pg_impl.h"
+#include "dist/coll_impl.h"
 #include "base/common_impl.h"
 
 #define SEG_BYTES ((size_t)1 << 20)

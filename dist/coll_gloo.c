@@ -3,7 +3,7 @@
  * ranks can share a group. */
 #include <string.h>
 
-#include "dist/pg_impl.h"
+#include "dist/coll_impl.h"
 #include "base/common_impl.h"
 
 #define RING_MAX_SEGMENT ((size_t)1 << 20)

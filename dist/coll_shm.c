@@ -10,10 +10,11 @@
  * One copy in and one reducing read per byte; the slots are small enough to
  * stay in cache, so main-memory traffic is that of a memcpy. Every rank
  * reduces the whole buffer in the same operand order, so the bits agree.
- * The barrier is a one-element allreduce; DDP's gradient segment (below)
- * averages buckets in place. Waits pause, then yield, then sleep on a futex
- * of the shared word, in slices that check the deadline, the transport's
- * error state and whether the peer process is still alive. */
+ * The barrier is a one-element allreduce. Waits pause, then yield, then
+ * sleep on a futex of the shared word, in slices that check the deadline,
+ * the transport's error state and whether the peer process is still alive;
+ * DDP's gradient segment (dist/ddp_shm.c) waits and maps its own segment
+ * with the same primitives (dist/pg_ext.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -27,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dist/pg_impl.h"
+#include "dist/coll_impl.h"
 #include "dist/net/net_impl.h"
 #include "base/common_impl.h"
 
@@ -55,7 +56,6 @@ struct dg__shm {
   void *base;
   size_t len;
   int W;
-  double link_ns_per_byte; /* DG_SIM_LINK_GBIT: a simulated slow link, 0: none */
   shm_ctl *ctl;        /* (W) */
   unsigned char *data; /* (W * SHM_NSLOT * SHM_CHUNK) */
   uint32_t next;       /* next chunk number */
@@ -73,38 +73,30 @@ static int futex(uint32_t *w, int op, uint32_t v, const struct timespec *ts) {
   return (int)syscall(SYS_futex, w, op, v, ts, NULL, 0);
 }
 
-/* A slow link simulated (DG_SIM_LINK_GBIT, for benchmarks of overlap): a
- * collective that moved `bytes` per rank returns no earlier than a link of
- * that rate would have carried them since t0 (2(W-1)/W of them, as a ring
- * would), sleeping, so that like a NIC's DMA it costs no CPU. */
-static void sim_link(const dg_pg *pg, int64_t t0, size_t bytes) {
-  double r = pg->shm->link_ns_per_byte;
-  if (r <= 0) return;
-  int64_t end = t0 + (int64_t)(r * (double)bytes * 2.0 * (pg->size - 1) / pg->size);
+void dg__sleep_until_ns(int64_t t_ns, int64_t deadline) {
+  int64_t end = DG_MIN(t_ns, deadline > INT64_MAX / 1000000 ? INT64_MAX : deadline * 1000000);
   for (int64_t now; (now = dg__now_ns()) < end;) {
     struct timespec ts = {(end - now) / 1000000000, (end - now) % 1000000000};
     nanosleep(&ts, NULL);
   }
 }
 
+void dg__shm_wake(uint32_t *word, uint32_t *sleepers) {
+  if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST)) futex(word, FUTEX_WAKE, INT32_MAX, NULL);
+}
+
 /* Publishes *word = v and wakes sleepers of that rank's words. */
 static void publish(uint32_t *sleepers, uint32_t *word, uint32_t v) {
   __atomic_store_n(word, v, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST))
-    futex(word, FUTEX_WAKE, INT32_MAX, NULL);
+  dg__shm_wake(word, sleepers);
 }
 
 static int reached(const uint32_t *word, uint32_t v) {
   return (int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - v) >= 0;
 }
 
-/* Waits until ok(arg) holds. `word` is a futex that whoever changes what ok
- * reads bumps (after the change) and `sleepers` counts its futex waiters.
- * Returns DG_OK, the transport's error, DG_EPEER with *dead = a peer found
- * exited (blame(arg) names the one waited for: checked first), or
- * DG_ETIMEDOUT at `deadline` (ms). */
-static int shm_wait(dg_pg *pg, uint32_t *word, uint32_t *sleepers, int (*ok)(void *),
-                    int (*blame)(void *), void *arg, int64_t deadline, int *dead) {
+int dg__shm_wait(dg_pg *pg, uint32_t *word, uint32_t *sleepers, int (*ok)(void *),
+                 int (*blame)(void *), void *arg, int64_t deadline, int *dead) {
   if (ok(arg)) return DG_OK;
   /* Spinning steals the core from this rank's compute thread unless that
    * thread is blocked waiting for a collective; sleeping costs a wake-up
@@ -153,8 +145,7 @@ static int word_ok(void *a) {
 }
 static int word_blame(void *a) { return ((word_wait *)a)->p; }
 
-/* A shm_wait failure of collective c, waiting for rank p to `what`. */
-static int wait_fail(dg_coll *c, int rc, int p, int dead, const char *what, const char *where) {
+int dg__shm_wait_fail(dg_coll *c, int rc, int p, int dead, const char *what, const char *where) {
   if (rc == DG_EPEER && dead >= 0)
     return dg__coll_fail_peer(c, DG_EPEER, dead, "rank %d (pid %d) exited while this rank "
                               "waited for rank %d to %s", dead, c->pg->pids[dead], p, what);
@@ -170,8 +161,8 @@ static int wait_word(dg_coll *c, int p, uint32_t *word, uint32_t *sleepers, uint
                      const char *what) {
   word_wait w = {word, v, p};
   int dead = -1;
-  int rc = shm_wait(c->pg, word, sleepers, word_ok, word_blame, &w, c->deadline, &dead);
-  return rc == DG_OK ? DG_OK : wait_fail(c, rc, p, dead, what, "shared-memory allreduce");
+  int rc = dg__shm_wait(c->pg, word, sleepers, word_ok, word_blame, &w, c->deadline, &dead);
+  return rc == DG_OK ? DG_OK : dg__shm_wait_fail(c, rc, p, dead, what, "shared-memory allreduce");
 }
 
 /* Every rank's call must be the same allreduce: compare descriptors. */
@@ -231,7 +222,8 @@ int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop
   dg__shm *s = c->pg->shm;
   size_t es = dg_dtype_size(dt), step = SHM_CHUNK / es * es, bytes = count * es;
   unsigned char *b = buf;
-  int64_t t0 = dg__now_ns();
+  const dg_link_model *link = dg__pg_link(c->pg);
+  int64_t t0 = link && link->allreduce_end ? dg__now_ns() : 0;
   /* One chunk ahead: post k + 1 before reducing k, so a peer finds it. */
   uint32_t g0 = s->next;
   size_t nchunk = (bytes + step - 1) / step;
@@ -243,7 +235,8 @@ int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop
     if (rc == DG_OK) rc = reduce_chunk(c, b + o, len, g0 + (uint32_t)k, dt, op);
   }
   s->next = g0 + (uint32_t)nchunk;
-  if (rc == DG_OK) sim_link(c->pg, t0, bytes);
+  if (rc == DG_OK && t0) /* a benchmark's link model: hold the result back */
+    dg__sleep_until_ns(link->allreduce_end(link->state, t0, bytes, c->size), c->deadline);
   return rc;
 }
 
@@ -331,382 +324,16 @@ int dg__shm_setup(dg_pg *pg, dg_coll *c) {
     dg__shm_free(pg->shm);
     pg->shm = NULL;
   }
-  const char *e = getenv("DG_SIM_LINK_GBIT");
-  if (pg->shm && e && atof(e) > 0) pg->shm->link_ns_per_byte = 8.0 / atof(e);
   DG_LOGI("dist: rank %d: shared-memory allreduce %s", pg->rank, pg->shm ? "on" : "off");
   return rc;
-}
-
-/* ---- DDP's gradient segment: every rank's flat gradient buffer in one
- * shared mapping. A bucket's average needs no copy-in: each rank reduces
- * its 1/W block of the bucket from every rank's buffer and writes the
- * result into every rank's buffer (read S, write S per rank in all).
- *
- * Buckets are independent (words per bucket, values = the step number g):
- *   rank r's bucket k is final:    ready[r][k] = g
- *   r's engine, until r has done every bucket: pick, among the buckets
- *     ready on every rank and not done by r, the one the next forward needs
- *     first (the highest index: buckets run from the output layer back),
- *     average r's block of it, done[r][k] = g; none: sleep on the bell
- *   bucket k is complete when done[p][k] = g on every rank p.
- * Ranks may pick in different orders (each picks from what it sees) and no
- * one waits for buckets in a fixed sequence, so no order can deadlock.
- * Progress is cooperative: the backward thread takes what it can at every
- * grad-ready hook and the thread that needs a bucket while it waits; with a
- * spare core the group's worker also runs an engine during backward (a
- * claim per bucket keeps a block from being done twice). Every publish
- * bumps the bell (one futex for all waiters).
- *
- * A simulated slow link (DG_SIM_LINK_GBIT) models a NIC with a priority
- * queue and DMA, not a sleeping thread: a bucket is posted when every rank
- * has published it (avail = the latest ready_at); whenever the link is
- * free the most urgent posted bucket is sent, taking bytes / rate; a
- * bucket is complete once the data is averaged and its transfer has ended.
- * Every rank computes this schedule from the same shared ready_at times,
- * lazily up to "now" (a decision at time t only involves buckets posted
- * by t, all known by now), so no thread has to wake up to start a
- * transfer; the averaging itself is CPU work done at the looks. ---- */
-
-typedef struct {
-  uint32_t bell __attribute__((aligned(64)));
-  uint32_t sleepers __attribute__((aligned(64)));
-} grad_hdr;
-
-struct dg__shmgrad {
-  void *base;
-  size_t len, stride; /* mapping; bytes between ranks' buffers */
-  int W, rank, nbmax, nb;
-  grad_hdr *hdr;
-  unsigned char *ctl;  /* (W) per-rank words (see done_of) */
-  size_t ctl_stride;
-  unsigned char *data;
-  size_t *off, *cnt;   /* (nbmax) bucket k: [off, off + cnt) */
-  uint32_t *claimed;   /* (nbmax) step that took my block of bucket k */
-  double link_ns_per_byte; /* simulated link, 0: none */
-  int64_t link_free;   /* simulated link: the schedule is fixed up to here */
-  int64_t *sched_end;  /* (nbmax) bucket k's transfer ends (this step's) */
-  uint32_t *sched_gen; /* (nbmax) step whose transfer sched_end is */
-  uint32_t gen;        /* this rank's step number */
-};
-
-#define RED_TILE 4096 /* floats reduced in L1 before being written out */
-
-static size_t page_up(size_t n) { return (n + 4095) / 4096 * 4096; }
-static size_t line_up(size_t n) { return (n + 63) / 64 * 64; }
-
-static int32_t *count_of(dg__shmgrad *s, int r) { return (int32_t *)(s->ctl + (size_t)r * s->ctl_stride); }
-/* Per rank after count[2]: done[nbmax] | ready[2][nbmax] | ready_at[2][nbmax]
- * (ns, CLOCK_MONOTONIC);
- * ready words and times by step parity, as the counts: a peer one step
- * ahead must not erase what the simulated link's schedule still reads. */
-static uint32_t *done_of(dg__shmgrad *s, int r) {
-  return (uint32_t *)(s->ctl + (size_t)r * s->ctl_stride + 64);
-}
-static uint32_t *ready_of(dg__shmgrad *s, int r) {
-  size_t w = line_up((size_t)s->nbmax * sizeof(uint32_t));
-  return (uint32_t *)(s->ctl + (size_t)r * s->ctl_stride + 64 + w + (s->gen & 1) * w);
-}
-static int64_t *ready_at_of(dg__shmgrad *s, int r) {
-  size_t w = line_up((size_t)s->nbmax * sizeof(uint32_t));
-  size_t t = line_up((size_t)s->nbmax * sizeof(int64_t));
-  return (int64_t *)(s->ctl + (size_t)r * s->ctl_stride + 64 + 3 * w + (s->gen & 1) * t);
 }
 
 static int agree_pub(void *arg, int64_t *v, dg_redop op) {
   return dg_pg_allreduce_sync(arg, v, 1, DG_I64, op);
 }
 
-int dg__shmgrad_new(dg_pg *pg, size_t nfloat, int nbmax, dg__shmgrad **out, float **mine) {
-  *out = NULL;
-  *mine = NULL;
-  if (!pg->shm || nbmax < 1) return DG_OK;
-  size_t stride = page_up((nfloat ? nfloat : 1) * sizeof(float));
-  size_t cs = 64 + 3 * line_up((size_t)nbmax * sizeof(uint32_t)) +
-              2 * line_up((size_t)nbmax * sizeof(int64_t));
-  size_t ctl = page_up(sizeof(grad_hdr) + (size_t)pg->size * cs);
-  size_t len = ctl + (size_t)pg->size * stride;
-  void *p = NULL;
-  int rc = seg_open(pg, len, agree_pub, pg, &p);
-  if (rc != DG_OK || !p) return rc;
-  dg__shmgrad *s = dg__calloc(1, sizeof *s);
-  size_t *oc = dg__calloc((size_t)nbmax * 2, sizeof *oc);
-  uint32_t *cl = dg__calloc((size_t)nbmax * 2, sizeof *cl);
-  int64_t *se = dg__calloc((size_t)nbmax, sizeof *se);
-  int64_t ok = s && oc && cl && se;
-  rc = agree_pub(pg, &ok, DG_RED_MIN);
-  if (rc != DG_OK || !ok) {
-    dg__free(s);
-    dg__free(oc);
-    dg__free(cl);
-    dg__free(se);
-    munmap(p, len);
-    return rc;
-  }
-  *s = (dg__shmgrad){.base = p, .len = len, .stride = stride, .W = pg->size, .rank = pg->rank,
-                     .nbmax = nbmax, .hdr = p, .ctl = (unsigned char *)p + sizeof(grad_hdr),
-                     .ctl_stride = cs, .data = (unsigned char *)p + ctl, .off = oc,
-                     .cnt = oc + nbmax, .claimed = cl, .sched_gen = cl + nbmax,
-                     .sched_end = se,
-                     .link_ns_per_byte = pg->shm->link_ns_per_byte};
-  *out = s;
-  *mine = (float *)(s->data + (size_t)pg->rank * stride);
-  return DG_OK;
-}
-
-void dg__shmgrad_free(dg__shmgrad *s) {
-  if (!s) return;
-  munmap(s->base, s->len);
-  dg__free(s->off);
-  dg__free(s->claimed);
-  dg__free(s->sched_end);
-  dg__free(s);
-}
-
-void dg__shmgrad_bucket(dg__shmgrad *s, int k, int nb, size_t off, size_t n) {
-  if (k < 0 || k >= s->nbmax) return;
-  s->nb = DG_MIN(nb, s->nbmax);
-  s->off[k] = off;
-  s->cnt[k] = n;
-}
-
-static void ring(dg__shmgrad *s) {
-  __atomic_add_fetch(&s->hdr->bell, 1, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&s->hdr->sleepers, __ATOMIC_SEQ_CST))
-    futex(&s->hdr->bell, FUTEX_WAKE, INT32_MAX, NULL);
-}
-
-void dg__shmgrad_begin(dg__shmgrad *s, int32_t count) {
-  s->gen++;
-  /* two slots: a peer is at most one step ahead, and it cannot begin the
-   * step after that before this rank has read this step's counts */
-  __atomic_store_n(&count_of(s, s->rank)[s->gen & 1], count, __ATOMIC_RELEASE);
-}
-
-void dg__shmgrad_ready(dg__shmgrad *s, int k) {
-  __atomic_store_n(&ready_at_of(s, s->rank)[k], dg__now_ns(), __ATOMIC_RELAXED);
-  __atomic_store_n(&ready_of(s, s->rank)[k], s->gen, __ATOMIC_SEQ_CST);
-  ring(s);
-}
-
-static int is_gen(const uint32_t *w, uint32_t g) { return __atomic_load_n(w, __ATOMIC_ACQUIRE) == g; }
-
-static int data_done(dg__shmgrad *s, int k) {
-  for (int p = 0; p < s->W; p++)
-    if (!is_gen(&done_of(s, p)[k], s->gen)) return 0;
-  return 1;
-}
-
-/* When bucket k was posted everywhere (the latest ready_at), or -1. */
-static int64_t avail(dg__shmgrad *s, int k) {
-  int64_t t = 0;
-  for (int p = 0; p < s->W; p++) {
-    if (!is_gen(&ready_of(s, p)[k], s->gen)) return -1;
-    t = DG_MAX(t, __atomic_load_n(&ready_at_of(s, p)[k], __ATOMIC_RELAXED));
-  }
-  return t;
-}
-
-static int scheduled(dg__shmgrad *s, int k) {
-  return __atomic_load_n(&s->sched_gen[k], __ATOMIC_ACQUIRE) == s->gen;
-}
-
-/* The simulated link's schedule up to now: from the time the link is free,
- * send the most urgent (highest index) bucket posted by then. Only threads
- * waiting for a bucket run it: this rank's compute thread (the worker's
- * engine waits for postings, never for a transfer). */
-static void advance(dg__shmgrad *s, int64_t now) {
-  if (s->link_ns_per_byte <= 0) return;
-  for (;;) {
-    int64_t t = __atomic_load_n(&s->link_free, __ATOMIC_RELAXED), first = INT64_MAX;
-    int best = -1;
-    for (int k = s->nb - 1; k >= 0; k--) {
-      int64_t a;
-      if (scheduled(s, k) || (a = avail(s, k)) < 0) continue;
-      first = DG_MIN(first, a);
-      if (best < 0 && a <= t) best = k;
-    }
-    if (first == INT64_MAX) break; /* nothing posted */
-    if (best < 0) { /* the link idles until the first posting */
-      t = first;
-      for (int k = s->nb - 1; k >= 0 && best < 0; k--)
-        if (!scheduled(s, k) && avail(s, k) >= 0 && avail(s, k) <= t) best = k;
-    }
-    if (t > now) break; /* decided later, when all postings up to t are known */
-    int64_t end = t + (int64_t)(s->link_ns_per_byte * (double)s->cnt[best] * sizeof(float) *
-                                2.0 * (s->W - 1) / s->W); /* as a ring would */
-    s->sched_end[best] = end;
-    __atomic_store_n(&s->sched_gen[best], s->gen, __ATOMIC_RELEASE);
-    __atomic_store_n(&s->link_free, end, __ATOMIC_RELAXED);
-  }
-}
-
-/* 0 when bucket k is complete, else the time to look again (INT64_MAX:
- * when something is published). */
-static int64_t pending_until(dg__shmgrad *s, int k, int64_t now) {
-  if (!data_done(s, k)) return INT64_MAX;
-  if (s->link_ns_per_byte <= 0) return 0;
-  advance(s, now);
-  if (scheduled(s, k)) return now >= s->sched_end[k] ? 0 : s->sched_end[k];
-  int64_t f = __atomic_load_n(&s->link_free, __ATOMIC_RELAXED);
-  return f > now ? f : INT64_MAX;
-}
-
-static int complete(dg__shmgrad *s, int k) { return pending_until(s, k, dg__now_ns()) == 0; }
-
-int32_t dg__shmgrad_count(dg__shmgrad *s) {
-  int32_t t = 0;
-  for (int p = 0; p < s->W; p++) t += __atomic_load_n(&count_of(s, p)[s->gen & 1], __ATOMIC_ACQUIRE);
-  return t;
-}
-
-static float *grad_of(dg__shmgrad *s, int r) { return (float *)(s->data + (size_t)r * s->stride); }
-
-/* out = average over ranks (in rank order) of [o, o + n) of every buffer,
- * written to every buffer, a tile at a time through L1. */
-static void grad_block(dg__shmgrad *s, size_t o, size_t n) {
-  if (s->W == 2) { /* one pass: read both, write both */
-    float *restrict a = grad_of(s, 0) + o, *restrict b = grad_of(s, 1) + o;
-    for (size_t i = 0; i < n; i++) a[i] = b[i] = (a[i] + b[i]) * 0.5f;
-    return;
-  }
-  float tile[RED_TILE];
-  for (size_t t = 0; t < n; t += RED_TILE) {
-    size_t k = DG_MIN((size_t)RED_TILE, n - t);
-    memcpy(tile, grad_of(s, 0) + o + t, k * sizeof(float));
-    for (int p = 1; p < s->W; p++) {
-      if (p == s->W - 1) dg__reduce_avg_last(tile, grad_of(s, p) + o + t, k, DG_F32, s->W);
-      else dg__reduce(tile, grad_of(s, p) + o + t, k, DG_F32, DG_RED_SUM);
-    }
-    for (int p = 0; p < s->W; p++) memcpy(grad_of(s, p) + o + t, tile, k * sizeof(float));
-  }
-}
-
-/* The next bucket for this rank (-1: none ready everywhere). */
-static int candidate(dg__shmgrad *s) {
-  for (int k = s->nb - 1; k >= 0; k--) {
-    if (__atomic_load_n(&s->claimed[k], __ATOMIC_ACQUIRE) == s->gen) continue;
-    int p = 0;
-    while (p < s->W && is_gen(&ready_of(s, p)[k], s->gen)) p++;
-    if (p == s->W) return k;
-  }
-  return -1;
-}
-
-int dg__shmgrad_progress(dg__shmgrad *s) {
-  int n = 0;
-  for (int k; (k = candidate(s)) >= 0;) {
-    uint32_t old = __atomic_load_n(&s->claimed[k], __ATOMIC_ACQUIRE);
-    if (old == s->gen || !__atomic_compare_exchange_n(&s->claimed[k], &old, s->gen, 0,
-                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-      continue; /* the other thread took it */
-    size_t q = s->cnt[k] / (size_t)s->W, rm = s->cnt[k] % (size_t)s->W;
-    size_t bo = (size_t)s->rank * q + DG_MIN((size_t)s->rank, rm);
-    grad_block(s, s->off[k] + bo, q + ((size_t)s->rank < rm));
-    __atomic_store_n(&done_of(s, s->rank)[k], s->gen, __ATOMIC_SEQ_CST);
-    ring(s);
-    n++;
-  }
-  return n;
-}
-
-static int mine_all_done(dg__shmgrad *s) {
-  for (int k = 0; k < s->nb; k++)
-    if (!is_gen(&done_of(s, s->rank)[k], s->gen)) return 0;
-  return 1;
-}
-
-/* What an engine or a waiter is waiting for. */
-typedef struct {
-  dg__shmgrad *s;
-  int want;           /* bucket, or -1: this rank's blocks of every bucket */
-  uint32_t bell;      /* the bell when the waiter last looked */
-  const dg_work *eng; /* a waiter's engine (its failure ends the wait) */
-} grad_wait;
-
-static int bell_moved(void *a) {
-  grad_wait *w = a;
-  return __atomic_load_n(&w->s->hdr->bell, __ATOMIC_SEQ_CST) != w->bell;
-}
-
-static int engine_failed(const dg_work *eng) {
-  int st = eng ? __atomic_load_n(&eng->status, __ATOMIC_ACQUIRE) : DG_OK;
-  return st != DG_XOP_PENDING && st != DG_OK;
-}
-
-/* The first rank holding up `want` (or this rank's engine). */
-static int laggard(void *a) {
-  grad_wait *w = a;
-  dg__shmgrad *s = w->s;
-  for (int k = 0; k < s->nb; k++) {
-    if (w->want >= 0 ? k != w->want : is_gen(&done_of(s, s->rank)[k], s->gen)) continue;
-    for (int p = 0; p < s->W; p++)
-      if (p != s->rank && !is_gen(w->want >= 0 ? &done_of(s, p)[k] : &ready_of(s, p)[k], s->gen))
-        return p;
-  }
-  return -1;
-}
-
-static void sleep_until(int64_t t) {
-  for (int64_t now; (now = dg__now_ns()) < t;) {
-    struct timespec ts = {(t - now) / 1000000000, (t - now) % 1000000000};
-    nanosleep(&ts, NULL);
-  }
-}
-
-/* One wait of a loop that makes progress: until a simulated transfer ends,
- * or for the bell. */
-static int wait_step(dg_pg *pg, grad_wait *w, int64_t deadline, int *dead) {
-  int64_t now = dg__now_ns();
-  int64_t t = w->want >= 0 ? pending_until(w->s, w->want, now) : INT64_MAX;
-  if (t != INT64_MAX) { /* no message can make it complete sooner */
-    sleep_until(t);
-    return DG_OK;
-  }
-  return shm_wait(pg, &w->s->hdr->bell, &w->s->hdr->sleepers, bell_moved, laggard, w,
-                  deadline, dead);
-}
-
-int dg__shmgrad_run(dg_coll *c, dg__shmgrad *s) {
-  grad_wait w = {s, -1, 0, NULL};
-  for (;;) {
-    w.bell = __atomic_load_n(&s->hdr->bell, __ATOMIC_SEQ_CST);
-    dg__shmgrad_progress(s);
-    if (mine_all_done(s)) return DG_OK;
-    int dead = -1, rc = wait_step(c->pg, &w, c->deadline, &dead);
-    if (rc != DG_OK)
-      return wait_fail(c, rc, DG_MAX(laggard(&w), 0), dead, "finish its gradients",
-                       "DDP shared-memory gradients");
-  }
-}
-
-int dg__shmgrad_wait(dg_pg *pg, dg__shmgrad *s, int k, const dg_work *eng, char *err,
-                     size_t cap) {
-  grad_wait w = {s, k, 0, eng};
-  int64_t deadline = dg__deadline(0, pg->timeout_ms);
-  int dead = -1, rc = DG_OK;
-  for (;;) {
-    w.bell = __atomic_load_n(&s->hdr->bell, __ATOMIC_SEQ_CST);
-    dg__shmgrad_progress(s);
-    if (complete(s, k)) return DG_OK;
-    if (engine_failed(eng)) {
-      snprintf(err, cap, "%s", eng->err);
-      return __atomic_load_n(&eng->status, __ATOMIC_ACQUIRE);
-    }
-    if ((rc = wait_step(pg, &w, deadline, &dead)) != DG_OK) break;
-    if (dg__now_ms() >= deadline) {
-      rc = DG_ETIMEDOUT;
-      break;
-    }
-  }
-  int p = laggard(&w);
-  if (p < 0) p = pg->rank; /* every peer is done: this rank's own block is missing */
-  if (rc == DG_EPEER && dead >= 0)
-    snprintf(err, cap, "rank %d exited while rank %d waited for rank %d to average its block "
-             "of gradient bucket %d", dead, pg->rank, p, k);
-  else if (rc == DG_ETIMEDOUT)
-    snprintf(err, cap, "timed out after %d ms waiting for rank %d to average its block of "
-             "gradient bucket %d", pg->timeout_ms, p, k);
-  else if (pg->x->vt->error(pg->x, err, cap) == DG_OK)
-    snprintf(err, cap, "transport failed while waiting for rank %d", p);
-  return rc;
+int dg__shm_map(dg_pg *pg, size_t len, void **base) {
+  *base = NULL;
+  if (!pg->shm) return DG_OK; /* no segment agreed at creation: none now */
+  return seg_open(pg, len, agree_pub, pg, base);
 }

@@ -1,6 +1,6 @@
 /* DDP: construction, the grad-ready and backward-end hooks that drive the
- * bucket all-reduces, accumulation / no-sync, Join, accessors. */
-#include <sched.h>
+ * bucket reductions (through the reducer, ddp_reducer.h), accumulation /
+ * no-sync, Join, accessors. */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -8,7 +8,6 @@
 #include <time.h>
 
 #include "dist/ddp_impl.h"
-#include "dist/pg_impl.h"
 #include "optim/optim_impl.h"
 #include "core/core_impl.h"
 
@@ -42,29 +41,10 @@ dg_ddp_opts dg_ddp_defaults(void) {
 
 /* ---- per-backward state ---- */
 
-static void post_count(dg_ddp *d, int32_t have) {
-  d->has_data = have;
-  d->count_work = NULL;
-  int rc = dg_pg_allreduce(d->pg, &d->has_data, 1, DG_I32, DG_RED_SUM, &d->count_work);
-  if (rc) dg__ddp_fail(d, rc, "ddp: rank %d: posting the ranks-with-data count failed: %s",
-                       d->rank, dg_pg_errmsg(d->pg));
-}
-
-/* Waits for the count; returns it (0 on failure, with the error recorded). */
-static int32_t wait_count(dg_ddp *d) {
-  if (!d->count_work) return d->err ? 0 : d->world;
-  int rc = dg_work_wait(d->count_work, 0);
-  if (rc)
-    dg__ddp_fail(d, rc, "ddp: rank %d: step %lld: all-reduce of the ranks-with-data count "
-                 "failed: %s", d->rank, (long long)d->st.sync_steps, dg_work_errmsg(d->count_work));
-  dg_work_free(d->count_work);
-  d->count_work = NULL;
-  return rc ? 0 : d->has_data;
-}
-
-/* The count of ranks with data: carried by bucket 0's all-reduce (built-in
- * hooks: no extra collective per step), else a separate tiny all-reduce
- * posted at the first grad-ready hook so that it overlaps backward. */
+/* The count of ranks with data travels with the round: in the shared
+ * segment, in bucket 0's all-reduce (built-in hooks: no extra collective
+ * per step), else as a separate tiny all-reduce posted at the first
+ * grad-ready hook so that it overlaps backward. */
 static void begin_round(dg_ddp *d, int32_t have) {
   for (int k = 0; k < d->nb; k++) {
     dg__ddp_bucket *b = &d->b[k];
@@ -75,37 +55,13 @@ static void begin_round(dg_ddp *d, int32_t have) {
   d->has_data = have;
   d->active = -1;
   d->accum_div = 1;
-  if (d->shmg) { /* the count rides in the segment */
-    dg__shmgrad_begin(d->shmg, have);
-    int rc = d->shm_inline ? DG_OK : dg__pg_shmgrad_post(d->pg, d->shmg, &d->engine);
-    if (rc) dg__ddp_fail(d, rc, "ddp: rank %d: posting the gradient averaging failed: %s",
-                         d->rank, dg_pg_errmsg(d->pg));
-  } else if (!d->opts.no_join && !d->piggy) {
-    post_count(d, have);
-  }
+  d->red->begin_round(d, have);
 }
 
 /* Starts every bucket when the count rides in bucket 0 or the segment. */
 int32_t dg__ddp_round_count(dg_ddp *d) {
   if (d->active >= 0) return d->active;
-  if (d->shmg) { /* known once any bucket is complete */
-    dg__ddp_start_rest(d);
-    return dg__ddp_finish_bucket(d, 0) ? 0 : d->active;
-  }
-  int32_t n;
-  if (!d->piggy) {
-    n = wait_count(d);
-  } else {
-    dg__ddp_start_rest(d);
-    if (d->err || !d->b[0].started) return 0;
-    n = dg__ddp_piggy_count(d, d->b[0].work);
-    if (n < 0) {
-      dg__ddp_fail(d, DG_EPEER, "ddp: rank %d: step %lld: all-reduce of bucket 0 (with the "
-                   "ranks-with-data count) failed: %s", d->rank, (long long)d->st.sync_steps,
-                   d->errmsg[0] ? d->errmsg : dg_pg_errmsg(d->pg));
-      return 0;
-    }
-  }
+  int32_t n = d->red->count(d);
   if (!d->err) d->active = n;
   return n;
 }
@@ -131,7 +87,7 @@ static void on_ready(void *user, dg_params *ps, int i, int reached) {
   if (!d->syncing || d->opts.no_overlap || d->err || d->world == 1) return;
   int k = d->pbucket[i];
   if (k < 0 || --d->b[k].pending > 0) {
-    if (d->shmg) dg__shmgrad_progress(d->shmg); /* a look between buckets */
+    if (d->red->progress) d->red->progress(d); /* a look between buckets */
     return;
   }
   while (d->next_start < d->nb && d->b[d->next_start].pending <= 0)
@@ -200,33 +156,11 @@ static int on_end(void *user, dg_ctx *ctx) {
 
 /* ---- construction ---- */
 
-/* Ranks on one host with the built-in f32 hook: the store's gradient
- * buffer moves into a segment all ranks map (no copies in the all-reduce).
- * Collective; every rank decides alike (options were verified equal). */
-static int lend_grads(dg_ddp *d) {
-  if (d->world == 1 || d->opts.hook || d->opts.comm != DG_DDP_COMM_F32 ||
-      !dg__pg_local_shm(d->pg))
-    return DG_OK;
-  size_t n = 0;
-  dg_params_data(d->ps, &n);
-  int rc = dg__shmgrad_new(d->pg, n, d->nparams, &d->shmg, &d->shm_mine);
-  if (rc) return dg__ddp_fail(d, rc, "ddp_new: rank %d: setting up the shared gradient "
-                              "buffers failed: %s", d->rank, dg_pg_errmsg(d->pg));
-  /* The averaging is CPU work: a background thread overlaps it with
-   * backward only if a core is free for it; otherwise it only adds thread
-   * hand-offs (measured: bench/ddp, 2 ranks on 2 cores). */
-  cpu_set_t cs;
-  int ncpu = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 1;
-  d->shm_inline = ncpu < dg_pg_local_size(d->pg) * (dg_get_num_threads() + 1);
-  const char *e = getenv("DG_DDP_SHM_INLINE"); /* "0"/"1": force (benchmarks) */
-  if (e && (*e == '0' || *e == '1')) d->shm_inline = *e == '1';
-  if (d->shmg && (rc = dg__params_lend_grad(d->ps, d->shm_mine)) != DG_OK) {
-    /* only ENOMEM-free paths reach here: lending an external buffer cannot fail */
-    dg__shmgrad_free(d->shmg);
-    d->shmg = NULL;
-    return dg__ddp_fail(d, rc, "ddp_new: lending the gradient buffer failed");
-  }
-  return DG_OK;
+int dg__ddp_reducer_init(dg_ddp *d) {
+  int rc = dg__ddp_shm_init(d);
+  if (!rc && !d->red) d->red = &dg__ddp_coll_reducer;
+  if (!rc) DG_LOGD("ddp: rank %d: buckets averaged through the %s", d->rank, d->red->name);
+  return rc;
 }
 
 static int setup(dg_ddp *d) {
@@ -250,7 +184,7 @@ static int setup(dg_ddp *d) {
   if (!d->pbucket || !d->order) return dg__ddp_fail(d, DG_ENOMEM, "ddp_new: out of memory");
   int rc = dg__ddp_verify(d);
   if (!rc) rc = dg__ddp_broadcast_state(d, 0, 1);
-  if (!rc) rc = lend_grads(d);
+  if (!rc) rc = dg__ddp_reducer_init(d);
   d->piggy = dg__ddp_can_piggy(d);
   if (!rc) rc = dg__ddp_build_buckets(d, 0);
   if (rc) return d->err ? d->err : dg__ddp_fail(d, rc, "ddp_new: %s", dg_strerror(rc));
@@ -321,14 +255,7 @@ void dg_ddp_free(dg_ddp *d) {
   if (d->end_id > 0) dg_ctx_remove_hook(d->ctx, d->end_id);
   if (d->attached) dg_ctx_detach_params(d->ctx, d->ps);
   dg__ddp_end_round(d);
-  if (d->count_work) dg_work_free(d->count_work);
-  if (d->shmg) {
-    /* gradients back into private memory (the store outlives us) */
-    if (dg__params_lend_grad(d->ps, NULL) != DG_OK)
-      DG_LOGE("ddp_free: rank %d: out of memory taking the gradients back; they are lost",
-              d->rank);
-    dg__shmgrad_free(d->shmg);
-  }
+  if (d->red && d->red->free) d->red->free(d);
   dg__ddp_hook_free(d);
   dg__free(d->b);
   dg__free(d->pbucket);

@@ -1,12 +1,12 @@
 /* DDP buckets: contiguous slices of the flat gradient buffer, built over the
  * memory order of the parameters (descending at first, i.e. reverse
  * registration; ascending after the rebuild that lays the store out in the
- * observed ready order), started in bucket order, finished at backward end. */
+ * observed ready order), started in bucket order, finished at backward end,
+ * each through the reducer (ddp_reducer.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "dist/ddp_impl.h"
-#include "dist/pg_impl.h"
 #include "core/core_impl.h"
 
 /* Parameter indices sorted by offset (insertion sort: stores are small and
@@ -74,8 +74,7 @@ int dg__ddp_build_buckets(dg_ddp *d, int ascending) {
   close_bucket(d, &cur, &open);
   dg__free(idx);
   d->st.nbuckets = d->nb;
-  for (int k = 0; d->shmg && k < d->nb; k++)
-    dg__shmgrad_bucket(d->shmg, k, d->nb, d->b[k].lo, d->b[k].hi - d->b[k].lo);
+  if (d->red && d->red->layout) d->red->layout(d);
   return DG_OK;
 }
 
@@ -131,92 +130,31 @@ void dg__ddp_view(const dg_ddp *d, int k, dg_ddp_bucket *out) {
 void dg__ddp_start_bucket(dg_ddp *d, int k) {
   dg__ddp_bucket *b = &d->b[k];
   if (d->err) return; /* the group is broken: post nothing more */
-  dg_ddp_bucket v;
-  dg__ddp_view(d, k, &v);
   b->work = NULL;
-  d->st.bytes_reduced += (double)v.n * sizeof(float);
+  d->st.bytes_reduced += (double)(b->hi - b->lo) * sizeof(float);
   b->started = 1;
-  if (d->shmg) { /* average what is ready everywhere (cooperative) */
-    dg__shmgrad_ready(d->shmg, k);
-    dg__shmgrad_progress(d->shmg);
-    return;
-  }
-  int rc = d->hook.start(d->hook.state, d->pg, &v, &b->work);
-  if (rc) {
-    b->started = 0;
-    if (!d->err)
-      dg__ddp_fail(d, rc, "ddp: rank %d: starting the reduction of bucket %d (%zu floats) "
-                   "failed: %s", d->rank, k, v.n, d->errmsg[0] ? d->errmsg : dg_pg_errmsg(d->pg));
-  }
+  d->red->start(d, k);
 }
 
 void dg__ddp_start_rest(dg_ddp *d) {
   while (d->next_start < d->nb) dg__ddp_start_bucket(d, d->next_start++);
 }
 
-static float round_scale(const dg_ddp *d) {
+float dg__ddp_round_scale(const dg_ddp *d) {
   return d->active > 0 ? 1.0f / ((float)d->active * (float)d->accum_div) : 0.0f;
-}
-
-/* Shared segment: waits until every rank averaged its block of bucket k
- * (doing this rank's blocks meanwhile), then scales. */
-static int shm_finish(dg_ddp *d, int k) {
-  char err[400];
-  err[0] = '\0';
-  int rc = dg__shmgrad_wait(d->pg, d->shmg, k, d->engine, err, sizeof err);
-  if (rc)
-    return dg__ddp_fail(d, rc, "ddp: rank %d: step %lld: averaging bucket %d (%d params, %zu "
-                        "floats) failed: %s", d->rank, (long long)d->st.sync_steps, k,
-                        d->b[k].nparams, d->b[k].hi - d->b[k].lo, err[0] ? err : dg_pg_errmsg(d->pg));
-  if (d->active < 0) d->active = d->opts.no_join ? d->world : dg__shmgrad_count(d->shmg);
-  const float f = round_scale(d) * (float)d->world; /* the segment divided by world */
-  if (f != 1.0f) {
-    float *g = dg__params_grad_raw(d->ps);
-    for (size_t i = d->b[k].lo; i < d->b[k].hi; i++) g[i] *= f;
-  }
-  return DG_OK;
-}
-
-/* Hooks: finish runs in bucket order, so bucket k finishes 0..k. */
-static int hook_finish(dg_ddp *d, int k) {
-  if (d->active < 0) d->active = dg__ddp_round_count(d);
-  for (int j = 0; j <= k && !d->err; j++) {
-    dg__ddp_bucket *b = &d->b[j];
-    if (b->finished || !b->started) continue;
-    dg_ddp_bucket v;
-    dg__ddp_view(d, j, &v);
-    d->errmsg[0] = '\0';
-    int rc = d->hook.finish(d->hook.state, d->pg, &v, b->work, round_scale(d));
-    b->work = NULL;
-    b->started = 0;
-    b->finished = 1;
-    if (rc)
-      dg__ddp_fail(d, rc, "ddp: rank %d: step %lld: all-reduce of bucket %d (%d params, %zu "
-                   "floats) failed: %s", d->rank, (long long)d->st.sync_steps, j, b->nparams,
-                   v.n, d->errmsg[0] ? d->errmsg : dg_pg_errmsg(d->pg));
-  }
-  return d->err;
 }
 
 int dg__ddp_finish_bucket(dg_ddp *d, int k) {
   if (d->err || d->b[k].finished) return d->err;
-  if (!d->shmg) return hook_finish(d, k);
-  if (shm_finish(d, k) == DG_OK) d->b[k].finished = 1;
-  return d->err;
+  return d->red->finish(d, k);
 }
 
 void dg__ddp_end_round(dg_ddp *d) {
+  if (!d->red) return; /* a DDP whose set-up failed early */
+  d->red->end_round(d);
   for (int k = 0; k < d->nb; k++) {
-    dg__ddp_bucket *b = &d->b[k];
-    if (b->started && !d->shmg && d->hook.release) d->hook.release(d->hook.state, b->work);
-    b->started = 0;
-    b->work = NULL;
-  }
-  if (d->engine) { /* done with every block once every bucket completed; a
-                      failed round has it fail by its deadline */
-    (void)dg_work_wait(d->engine, 0);
-    dg_work_free(d->engine);
-    d->engine = NULL;
+    d->b[k].started = 0;
+    d->b[k].work = NULL;
   }
 }
 

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "dist/ddp_impl.h"
-#include "dist/pg_impl.h"
+#include "dist/pg_ext.h"
 
 /* Bucket 0 carries Join's count: one element after the gradients. */
 static int carries(const dg_ddp *d, const dg_ddp_bucket *b) { return d->piggy && b->index == 0; }
@@ -12,7 +12,7 @@ static int carries(const dg_ddp *d, const dg_ddp_bucket *b) { return d->piggy &&
 int dg__ddp_can_piggy(const dg_ddp *d) {
   if (d->opts.hook || d->opts.no_join) return 0;
   /* shared gradients: the count rides in the segment's round, no staging */
-  if (d->shmg) return 1;
+  if (d->red && d->red->count_rides) return 1;
   /* through shared memory a separate 4-byte all-reduce costs microseconds,
    * less than staging bucket 0 */
   if (dg__pg_local_shm(d->pg)) return 0;

@@ -4,6 +4,7 @@
 
 #include "dgrad/autograd.h"
 #include "dgrad/ddp.h"
+#include "dist/ddp_reducer.h"
 #include "base/common_impl.h"
 
 #define DG_DDP_ERRMSG 512
@@ -12,10 +13,10 @@ typedef struct {
   size_t lo, hi;      /* element range [lo, hi) of the flat gradient buffer */
   int first, nparams; /* first parameter (in bucket order) and count */
   int pending;        /* gradients of this backward not yet final */
-  int started;        /* hook->start called in this step (shared segment: ready) */
+  int started;        /* the reducer started it in this round */
   int finished;       /* its average is final in the store's gradients */
   int applied;        /* overlap mode: its parameters were updated */
-  void *work;         /* hook's pending state */
+  void *work;         /* the comm hook's pending state (collectives reducer) */
 } dg__ddp_bucket;
 
 struct dg_ddp {
@@ -25,6 +26,8 @@ struct dg_ddp {
   int rank, world;
   dg_ddp_opts opts;
   dg_ddp_comm_hook hook;
+  const dg__ddp_reducer *red; /* how buckets are averaged (ddp_reducer.h) */
+  void *red_state;            /* the reducer's own state */
   int ready_id, end_id;
   int attached; /* this DDP attached ps to ctx: free detaches it */
   /* buckets */
@@ -54,13 +57,6 @@ struct dg_ddp {
   float *stage;       /* (stage_cap) f32: bucket 0's gradients + the count */
   size_t stage_cap;
   int unused_logged;
-  /* ranks on one host, built-in f32 hook: every rank's gradient buffer
-   * lives in one shared segment and buckets are averaged in place there */
-  struct dg__shmgrad *shmg;
-  float *shm_mine;    /* this rank's buffer in it (the store's gradients) */
-  int shm_inline;     /* no spare core: no engine in the worker (backward's
-                         thread and waiters average the buckets) */
-  dg_work *engine;    /* spare core: this round's averaging in the group's worker */
   /* overlap with the next forward (dg_ddp_overlap_optimizer): the step is
    * applied bucket by bucket when a parameter is first read */
   struct dg_optim *opt;
@@ -91,17 +87,20 @@ void dg__ddp_start_bucket(dg_ddp *d, int k);
 /* Starts every bucket not started yet, in order. */
 void dg__ddp_start_rest(dg_ddp *d);
 /* Makes bucket k's average final in the store's gradients (scaled by
- * 1 / (active * accum_div)): waits for it (through the hooks, in bucket
- * order, or, in the shared segment, for k alone). Returns d->err. */
+ * 1 / (active * accum_div)) through the reducer: waits for it (through the
+ * hooks, in bucket order, or, in the shared segment, for k alone). Returns
+ * d->err. */
 int dg__ddp_finish_bucket(dg_ddp *d, int k);
 /* Finishes every started bucket; after a failure releases the rest and
  * ends the round. Returns the first error. */
 int dg__ddp_finish_all(dg_ddp *d);
-/* The round is over (every bucket finished, or a failure): reaps the
- * shared segment's engine. */
+/* The round is over (every bucket finished, or a failure): the reducer
+ * releases what the buckets hold. */
 void dg__ddp_end_round(dg_ddp *d);
 /* The hook's view of bucket k. */
 void dg__ddp_view(const dg_ddp *d, int k, dg_ddp_bucket *out);
+/* This round's factor: 1 / (active * accum_div) (0 when nobody has data). */
+float dg__ddp_round_scale(const dg_ddp *d);
 
 /* ddp_hook.c: the built-in hook for opts.comm. */
 void dg__ddp_builtin_hook(dg_ddp *d, dg_ddp_comm_hook *out);

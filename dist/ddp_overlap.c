@@ -12,8 +12,7 @@
 #include <stdio.h>
 
 #include "dist/ddp_impl.h"
-#include "dist/pg_impl.h"
-#include "dist/transport/transport_impl.h"
+#include "dist/pg_ext.h"
 #include "optim/optim_impl.h"
 #include "core/core_impl.h"
 
@@ -71,7 +70,7 @@ int dg__ddp_defer_step(dg_ddp *d) {
   }
   dg__ddp_start_rest(d);
   /* backward does not wait here: report a failure the group already knows */
-  int e = d->pg->x->vt->error(d->pg->x, NULL, 0);
+  int e = dg__pg_error(d->pg, NULL, 0);
   if (e && !d->err)
     dg__ddp_fail(d, e, "ddp: rank %d: step %lld: the group failed: %s", d->rank,
                  (long long)d->st.sync_steps, dg_pg_errmsg(d->pg));

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "dgrad_config.h"
-#include "dist/pg_impl.h"
+#include "dist/coll_impl.h"
 #include "dist/net/net_impl.h"
 #include "base/common_impl.h"
 
@@ -53,8 +53,6 @@ static int route_addr(const char *host, struct sockaddr_storage *ss) {
 
 static int pick_addr(const dg_pg_opts *o, struct sockaddr_storage *ss, char *err, size_t cap) {
   const char *ifn = o->iface;
-  if (!ifn || !*ifn) ifn = getenv("DG_SOCKET_IFNAME");
-  if (!ifn || !*ifn) ifn = getenv("GLOO_SOCKET_IFNAME");
   const char *how;
   char what[300];
   if (ifn && *ifn) {
@@ -86,8 +84,6 @@ typedef struct {
   char **hosts;     /* (size) hostnames of dgrad peers */
   uint64_t *probe;  /* (size) their cross-memory-attach probe addresses */
 } check_ctx;
-
-const uint64_t *dg__cma_probe(void);
 
 /* "dgrad_host/<r>" = "<hostname> <pid> <probe address>": lets dgrad ranks
  * on one host read each other's buffers (coll_cma.c). */
@@ -183,9 +179,6 @@ static int make_stores(dg_pg *pg, dg_store *base, const char *group) {
   return rc;
 }
 
-int dg__pg_start_worker(dg_pg *pg);
-void dg__pg_stop_worker(dg_pg *pg);
-
 static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_storage *bind,
                              check_ctx *cc, char *err, size_t cap);
 
@@ -226,8 +219,8 @@ static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_sto
   int rc;
   dg_xport_opts xo = {.rank = pg->rank, .size = pg->size, .store = pg->k_dev,
                       .timeout_ms = pg->timeout_ms, .bind_addr = bind,
-                      .check = check_peer, .check_arg = cc};
-  const char *be = o->backend ? o->backend : getenv("DG_BACKEND");
+                      .check = check_peer, .check_arg = cc, .spin_us = o->spin_us};
+  const char *be = o->backend;
   int ucx = be && !strcmp(be, "ucx");
   if (be && *be && strcmp(be, "tcp") != 0 && !(ucx && DG_HAVE_UCX))
     return dg__fail_msg(err, cap, DG_EUNSUPPORTED, "backend \"%s\" is not available (have: tcp%s)", be,
@@ -290,6 +283,8 @@ static int new_pg(dg_pg **out, const dg_pg_opts *o, dg_store *own, char *err, si
   pg->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 300000;
   pg->own_store = own;
   pg->torch_rdzv = o->rendezvous != DG_RDZV_GLOO;
+  pg->no_shm = o->no_shm;
+  if (o->link) pg->link = *o->link;
   int rc = make_stores(pg, o->store, o->group_name ? o->group_name : "0");
   if (rc == DG_OK) rc = connect_group(pg, o, err, cap);
   if (rc != DG_OK) {
@@ -342,11 +337,23 @@ int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap) {
                 rank == 0 ? "hosting" : "client", dg_err_name(rc));
   dg_pg_opts o = {.rank = rank, .world_size = world, .store = st, .timeout_ms = timeout_ms,
                   .route_to = addr};
+  dg_pg_opts_from_env(&o);
   rc = new_pg(out, &o, st, err, cap);
   if (rc != DG_OK) return rc; /* new_pg freed the store with the group */
   (*out)->local_rank = env_int("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", rank);
   (*out)->local_size = env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
                                "OMPI_COMM_WORLD_LOCAL_SIZE", world);
+  return DG_OK;
+}
+
+int dg_pg_opts_from_env(dg_pg_opts *o) {
+  if (!o) return DG_EINVAL;
+  const char *v;
+  if (!o->backend && (v = getenv("DG_BACKEND")) && *v) o->backend = v;
+  if (!o->iface && (v = getenv("DG_SOCKET_IFNAME")) && *v) o->iface = v;
+  if (!o->iface && (v = getenv("GLOO_SOCKET_IFNAME")) && *v) o->iface = v;
+  if (!o->no_shm && (v = getenv("DG_SHM")) && !strcmp(v, "0")) o->no_shm = 1;
+  if (!o->spin_us && (v = getenv("DG_SPIN_US")) && *v) o->spin_us = atoi(v) > 0 ? atoi(v) : -1;
   return DG_OK;
 }
 
@@ -368,6 +375,16 @@ const char *dg_pg_errmsg(const dg_pg *pg) {
     p->x->vt->error(p->x, p->err, sizeof p->err);
   pthread_mutex_unlock(&p->mu);
   return p->err[0] ? p->err : "no error";
+}
+
+int dg__pg_error(dg_pg *pg, char *msg, size_t cap) {
+  return pg->x->vt->error(pg->x, msg, cap);
+}
+
+int dg__pg_timeout_ms(const dg_pg *pg) { return pg->timeout_ms; }
+
+const dg_link_model *dg__pg_link(const dg_pg *pg) {
+  return pg->link.allreduce_end || pg->link.bucket_end ? &pg->link : NULL;
 }
 
 int dg__pg_local_shm(const dg_pg *pg) {

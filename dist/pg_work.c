@@ -1,22 +1,21 @@
-/* Works: collectives queue to the group's worker thread and run there in
- * call order (tags taken at call time, as ProcessGroupGloo does); send/recv
- * go straight to the transport. Error messages name op, seq and peer. */
+/* The group's runtime: collectives and tasks queue to the group's worker
+ * thread and run there in call order (tags taken at call time, as
+ * ProcessGroupGloo does), each through the function its poster gave;
+ * send/recv go straight to the transport. Error messages name op, seq and
+ * peer. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-#include "dist/pg_impl.h"
+#include "dist/pg_work.h"
 #include "dist/net/net_impl.h"
 #include "base/common_impl.h"
 
-/* dgrad-only allreduce choice: latency-bound below this many bytes. */
-#define SMALL_BYTES (64u << 10)
-
 const char *dg__work_name(const dg_work *w) {
   static const char *names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
-                                "barrier",   "send",      "recv",      "allreduce"};
-  return names[w->kind];
+                                "barrier",   "send",      "recv"};
+  return w->kind == DG_W_TASK ? w->name : names[w->kind];
 }
 
 static void set_err(dg_work *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -100,64 +99,15 @@ int dg__coll_wait(dg_coll *c, dg_xop *op) {
   return work_fail(c->w, c->x, rc, op->peer, "transport failed");
 }
 
-static uint64_t slot_of(int prefix, uint32_t tag) {
-  return ((uint64_t)prefix << 56) | ((uint64_t)tag << 24);
-}
+int64_t dg__coll_deadline(const dg_coll *c) { return c->deadline; }
 
-static int run_allreduce(dg_coll *c, dg_work *w) {
-  size_t bytes = w->count * dg_dtype_size(w->dt);
-  dg_algo a = w->algo;
-  if (!c->pg->all_dgrad) a = DG_ALGO_RING;
-  /* Over TCP alone, Gloo's ring (two segments in flight) beats moving all
-   * blocks at once on loopback; across hosts DIRECT can be forced. */
-  if (a == DG_ALGO_AUTO)
-    a = c->pg->shm           ? DG_ALGO_SHM
-        : bytes <= SMALL_BYTES ? DG_ALGO_HALVING_DOUBLING
-        : c->pg->cma           ? DG_ALGO_CMA
-                               : DG_ALGO_RING;
-  c->slot = slot_of(DG_SLOT_ALLREDUCE, w->tag);
-  c->eager = a != DG_ALGO_RING;
-  int rc;
-  if (c->size == 1 || w->count == 0) rc = DG_OK;
-  else if (a == DG_ALGO_RING) rc = dg__gloo_allreduce_ring(c, w->buf, w->count, w->dt, w->op);
-  else if (a == DG_ALGO_HALVING_DOUBLING) rc = dg__allreduce_rd(c, w->buf, w->count, w->dt, w->op);
-  else if (a == DG_ALGO_SHM && c->pg->shm) rc = dg__allreduce_shm(c, w->buf, w->count, w->dt, w->op);
-  else if (a == DG_ALGO_CMA && c->pg->cma) rc = dg__allreduce_cma(c, w->buf, w->count, w->dt, w->op);
-  else rc = dg__allreduce_direct(c, w->buf, w->count, w->dt, w->op);
-  if (rc == DG_OK && w->op == DG_RED_AVG && a != DG_ALGO_SHM) dg__scale_div(w->buf, w->count, w->dt, c->size);
-  return rc;
-}
-
+/* Runs a collective or task: nothing starts on a failed group. */
 static int run_work(dg_pg *pg, dg_work *w) {
   dg_coll c = {.pg = pg, .w = w, .x = pg->x, .rank = pg->rank, .size = pg->size,
                .deadline = w->deadline};
-  size_t es = dg_dtype_size(w->dt);
   int e = pg->x->vt->error(pg->x, NULL, 0);
   if (e != DG_OK) return work_fail(w, pg->x, e, -1, "");
-  switch (w->kind) {
-    case DG_W_ALLREDUCE: return run_allreduce(&c, w);
-    case DG_W_BROADCAST:
-      c.slot = slot_of(DG_SLOT_BROADCAST, w->tag);
-      return c.size == 1 ? DG_OK : dg__gloo_broadcast(&c, w->buf, w->count * es, w->root);
-    case DG_W_ALLGATHER:
-      c.slot = slot_of(DG_SLOT_ALLGATHER, w->tag);
-      return dg__gloo_allgather(&c, w->in, w->out, w->count * es);
-    case DG_W_REDUCE_SCATTER:
-      c.slot = slot_of(DG_SLOT_ALLREDUCE, w->tag);
-      c.eager = 1;
-      return dg__reduce_scatter(&c, w->in, w->out, w->count, w->dt, w->op);
-    case DG_W_BARRIER: {
-      /* on one host: a one-element all-reduce in the segment (nobody
-       * leaves before everyone arrived), microseconds, no wake-ups */
-      int32_t one = 1;
-      if (pg->shm) return dg__allreduce_shm(&c, &one, 1, DG_I32, DG_RED_SUM);
-      c.slot = slot_of(DG_SLOT_BARRIER, w->tag);
-      return dg__gloo_barrier(&c);
-    }
-    case DG_W_SHMGRAD: return c.size == 1 ? DG_OK : dg__shmgrad_run(&c, w->seg);
-    default: DG_ASSERT(!"not a collective");
-  }
-  return DG_EINVAL;
+  return w->run(&c, w->arg);
 }
 
 /* Pops the queue head and runs it; called and returns with the lock held.
@@ -211,9 +161,7 @@ void dg__pg_stop_worker(dg_pg *pg) {
   pg->worker_started = 0;
 }
 
-/* A work from the group's pool (works freed by dg_work_free go back to
- * it), so steady-state collectives allocate nothing. */
-static dg_work *new_work(dg_pg *pg, dg_wkind k, dg_dtype dt) {
+dg_work *dg__work_new(dg_pg *pg, dg_wkind k, dg_dtype dt) {
   if (!pg || (unsigned)dt >= DG_NDTYPES) return NULL;
   pthread_mutex_lock(&pg->mu);
   dg_work *w = pg->wfree;
@@ -229,13 +177,13 @@ static dg_work *new_work(dg_pg *pg, dg_wkind k, dg_dtype dt) {
   return w;
 }
 
-/* Set around the calls of the _sync wrappers: their caller waits at once,
- * so it runs the work itself instead of handing it to the worker and back
- * (two thread wake-ups, tens of microseconds each on an idle VM). */
+/* Set around the posts of the _sync wrappers (dg__work_caller_runs). */
 static __thread int tl_caller_runs;
 
-/* Takes the tag and sequence number, queues for the worker. */
-static int enqueue(dg_pg *pg, dg_work *w, dg_work **out) {
+void dg__work_caller_runs(int on) { tl_caller_runs = on; }
+
+int dg__work_post(dg_pg *pg, dg_work *w, dg__task_fn run, dg_work **out) {
+  w->run = run;
   w->caller_runs |= tl_caller_runs;
   pthread_mutex_lock(&pg->mu);
   w->tag = pg->tag++;
@@ -249,69 +197,13 @@ static int enqueue(dg_pg *pg, dg_work *w, dg_work **out) {
   return DG_OK;
 }
 
-int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op,
-                    dg_work **w) {
-  if (w) *w = NULL;
-  if (!w || (count && !buf) || (unsigned)op > DG_RED_PROD) return DG_EINVAL;
-  dg_work *k = new_work(pg, DG_W_ALLREDUCE, dt);
-  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
-  k->buf = buf;
-  k->count = count;
-  k->op = op;
-  return enqueue(pg, k, w);
-}
-
-int dg__pg_shmgrad_post(dg_pg *pg, dg__shmgrad *s, dg_work **w) {
+int dg__pg_post_task(dg_pg *pg, const char *name, dg__task_fn fn, void *arg, dg_work **w) {
   *w = NULL;
-  dg_work *k = new_work(pg, DG_W_SHMGRAD, DG_F32);
+  dg_work *k = dg__work_new(pg, DG_W_TASK, DG_F32);
   if (!k) return DG_ENOMEM;
-  k->seg = s;
-  k->op = DG_RED_AVG;
-  return enqueue(pg, k, w);
-}
-
-int dg_pg_broadcast(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root, dg_work **w) {
-  if (w) *w = NULL;
-  if (!w || !pg || (count && !buf) || root < 0 || root >= pg->size) return DG_EINVAL;
-  dg_work *k = new_work(pg, DG_W_BROADCAST, dt);
-  if (!k) return DG_ENOMEM;
-  k->buf = buf;
-  k->count = count;
-  k->root = root;
-  return enqueue(pg, k, w);
-}
-
-int dg_pg_allgather(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
-                    dg_work **w) {
-  if (w) *w = NULL;
-  if (!w || (count && (!in || !out))) return DG_EINVAL;
-  dg_work *k = new_work(pg, DG_W_ALLGATHER, dt);
-  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
-  k->in = in;
-  k->out = out;
-  k->count = count;
-  return enqueue(pg, k, w);
-}
-
-int dg_pg_reduce_scatter(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
-                         dg_redop op, dg_work **w) {
-  if (w) *w = NULL;
-  if (!w || (count && (!in || !out)) || (unsigned)op > DG_RED_PROD) return DG_EINVAL;
-  dg_work *k = new_work(pg, DG_W_REDUCE_SCATTER, dt);
-  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
-  k->in = in;
-  k->out = out;
-  k->count = count;
-  k->op = op;
-  return enqueue(pg, k, w);
-}
-
-int dg_pg_barrier(dg_pg *pg, dg_work **w) {
-  if (w) *w = NULL;
-  if (!w) return DG_EINVAL;
-  dg_work *k = new_work(pg, DG_W_BARRIER, DG_F32);
-  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
-  return enqueue(pg, k, w);
+  k->name = name;
+  k->arg = arg;
+  return dg__work_post(pg, k, fn, w);
 }
 
 static int p2p(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int peer, uint32_t tag,
@@ -319,7 +211,7 @@ static int p2p(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int peer, uint32
   if (w) *w = NULL;
   if (!w || !pg || (count && !buf) || peer < 0 || peer >= pg->size || peer == pg->rank)
     return DG_EINVAL;
-  dg_work *k = new_work(pg, kind, dt);
+  dg_work *k = dg__work_new(pg, kind, dt);
   if (!k) return DG_ENOMEM;
   pthread_mutex_lock(&pg->mu);
   k->seq = pg->seq++;
@@ -445,24 +337,4 @@ void dg__pg_free_works(dg_pg *pg) {
     pg->wfree = w->next;
     dg__free(w);
   }
-}
-
-int dg_pg_allreduce_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op) {
-  dg_work *w = NULL;
-  tl_caller_runs = 1;
-  int rc = dg_pg_allreduce(pg, buf, count, dt, op, &w);
-  tl_caller_runs = 0;
-  if (rc == DG_OK) rc = dg_work_wait(w, 0);
-  dg_work_free(w);
-  return rc;
-}
-
-int dg_pg_barrier_sync(dg_pg *pg) {
-  dg_work *w = NULL;
-  tl_caller_runs = 1;
-  int rc = dg_pg_barrier(pg, &w);
-  tl_caller_runs = 0;
-  if (rc == DG_OK) rc = dg_work_wait(w, 0);
-  dg_work_free(w);
-  return rc;
 }

@@ -15,6 +15,11 @@
  * --ring forces Gloo's ring over the TCP sockets (no shared-memory path
  * between local ranks), so that a slowed loopback slows the all-reduce.
  *
+ * Environment (read here, into the options): DG_BACKEND, DG_SHM,
+ * DG_SPIN_US, DG_SOCKET_IFNAME (dg_pg_opts_from_env), DG_DDP_SHM_INLINE
+ * (dg_ddp_opts.engine_thread: 1 none, 0 always), DG_SIM_LINK_GBIT=R (the
+ * simulated link of simlink.c, dg_pg_opts.link).
+ *
  * --ddp 0 runs the same loop without DDP (W must be 1): the overhead baseline.
  * --parts also times, on every rank, compute alone (forward + backward + SGD
  * with no DDP on a separate context), forward alone, and communication alone
@@ -37,6 +42,8 @@
 
 #include <dgrad.h>
 #include <dgrad/dist.h>
+
+#include "simlink.h"
 
 #define MAXL 32
 
@@ -161,6 +168,8 @@ static int make_pg(int r, const bopts *o, const char *dir, dg_store **st, dg_pg 
   po.world_size = o->nproc;
   po.store = *st;
   po.timeout_ms = 60000;
+  po.link = simlink_from_env();
+  dg_pg_opts_from_env(&po);
   char err[256] = "";
   if (!rc) rc = dg_pg_new_ex(pg, &po, err, sizeof err);
   if (!rc && o->ring) rc = dg_pg_set_algo(*pg, DG_ALGO_RING);
@@ -235,6 +244,8 @@ static int rank_main(int r, const bopts *o, const char *dir) {
              : !strcmp(o->comm, "bf16") ? DG_DDP_COMM_BF16 : DG_DDP_COMM_F32;
     d.no_overlap = o->no_overlap;
     d.no_join = o->no_join;
+    const char *e = getenv("DG_DDP_SHM_INLINE"); /* "1": no engine thread, "0": one */
+    if (e && (*e == '0' || *e == '1')) d.engine_thread = *e == '1' ? -1 : 1;
     if (dg_ddp_new(&ddp, ctx, m.ps, pg, &d)) {
       fprintf(stderr, "ddp_mlp: rank %d: %s\n", r, dg_errmsg(ctx));
       return 12;

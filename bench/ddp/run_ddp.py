@@ -23,7 +23,8 @@ overlap: DDP on 2 ranks overlapping the all-reduce with backward and the
          --link sim (default): the shared-memory path with a simulated link
          of rate R (DG_SIM_LINK_GBIT): a NIC with DMA and a priority queue,
          whose transfers cost no CPU and need no thread to wake up (see
-         dist/coll_shm.c; comm alone sleeps for the same bytes / R);
+         bench/ddp/simlink.c, which ddp_mlp installs as dg_pg_opts.link;
+         comm alone sleeps for the same bytes / R);
          --link tc: Gloo's ring over loopback slowed by
          `tc qdisc ... tbf rate R` in a private network namespace (unshare -n;
          needs root) -- there the kernel's copies cost as much CPU as the

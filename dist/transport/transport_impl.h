@@ -77,6 +77,7 @@ typedef struct {
   const struct sockaddr_storage *bind_addr; /* interface to listen on */
   dg_peer_check_fn check;
   void *check_arg;
+  int spin_us; /* busy-poll before sleeping (us): 0 the transport's default, < 0 none */
 } dg_xport_opts;
 
 /* TCP transport with the Gloo 2022 wire protocol. On failure *err says why. */

@@ -154,6 +154,8 @@ int main(int argc, char **argv) {
   dg_ddp_opts dopt = dg_ddp_defaults();
   dopt.accum_steps = a.accum;
   dopt.comm = a.fp16 ? DG_DDP_COMM_FP16 : DG_DDP_COMM_F32;
+  const char *e = getenv("DG_DDP_SHM_INLINE"); /* "1": no engine thread, "0": one */
+  if (e && (*e == '0' || *e == '1')) dopt.engine_thread = *e == '1' ? -1 : 1;
   dg_adamw_opts ao = dg_adamw_defaults();
   ao.lr = 3e-3f;
   if (dg_loader_new(&ld, &ds, &lo) || model_init(&m) || dg_ctx_new(&ctx, NULL) ||

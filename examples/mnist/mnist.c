@@ -205,7 +205,12 @@ static int trainer_init(trainer *t) {
             t->o.optim, dg_strerror(rc));
     return rc;
   }
-  if (t->pg && (rc = dg_ddp_new(&t->ddp, t->ctx, t->ps, t->pg, NULL))) {
+  dg_ddp_opts dopt = dg_ddp_defaults();
+  /* DG_DDP_SHM_INLINE (README): "1" no averaging engine in the group's
+   * thread, "0" always one; the rest are dg_pg_new_from_env's */
+  const char *e = getenv("DG_DDP_SHM_INLINE");
+  if (e && (*e == '0' || *e == '1')) dopt.engine_thread = *e == '1' ? -1 : 1;
+  if (t->pg && (rc = dg_ddp_new(&t->ddp, t->ctx, t->ps, t->pg, &dopt))) {
     fprintf(stderr, "mnist: ddp: %s\n", dg_errmsg(t->ctx));
     return rc;
   }

@@ -180,6 +180,14 @@ typedef struct {
    * 0 by dg_ddp_new and dg_ddp_broadcast_buffers; contiguous, any dtype. */
   dg_tensor *const *buffers;
   int nbuffers;
+  /* Ranks on one host with the built-in f32 reduction average buckets in a
+   * shared gradient segment, on backward's thread (at grad-ready hooks) and
+   * on a thread waiting for a bucket; an engine in the group's worker thread
+   * helps during backward where it has a core of its own. 0: that engine
+   * where every rank has a spare core; 1: always; -1: never. Ranks may
+   * differ. Example and benchmark programs read DG_DDP_SHM_INLINE (1: -1,
+   * 0: 1) into it. */
+  int engine_thread;
 } dg_ddp_opts;
 
 /* All defaults (zeros). */

@@ -19,10 +19,11 @@
  * pending and later operation of the group fails with it. The library never
  * aborts the process.
  *
- * Environment: DG_BACKEND (default "tcp"), DG_SOCKET_IFNAME or
- * GLOO_SOCKET_IFNAME (interface to listen on), DG_SPIN_US (how long a wait
- * busy-polls before sleeping, default 100; 0 on oversubscribed machines),
- * DG_LOG=info (logs the address used and the algorithms chosen).
+ * Configuration is dg_pg_opts; the library reads no environment variable
+ * except in dg_pg_new_from_env and dg_pg_opts_from_env (torchrun-style
+ * set-up): DG_BACKEND, DG_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, DG_SHM,
+ * DG_SPIN_US (the fields they fill say what they do). DG_LOG=info logs the
+ * address used and the algorithms chosen.
  *
  * Thread-safety: a dg_pg may be used from several threads (calls that post
  * collectives are serialised; order between threads is the caller's
@@ -69,20 +70,52 @@ typedef enum {
  * Gloo connectFullMesh keys on the store as given (a C++ libgloo peer). */
 typedef enum { DG_RDZV_TORCH = 0, DG_RDZV_GLOO = 1 } dg_rdzv;
 
+/* A model of a slower link, for benchmarks and tests of overlap on one host
+ * (bench/ddp/simlink.c is one; the library has none). The shared-memory
+ * paths do their work as usual, then hold each result back until the model
+ * says a link would have delivered it, as a NIC's DMA would: no CPU, no
+ * thread to wake. Times are CLOCK_MONOTONIC nanoseconds; `state` must
+ * outlive the group. A NULL function: no hold on that path. */
+typedef struct {
+  void *state;
+  /* An all-reduce of `bytes` per rank among `world` ranks began at t0:
+   * when the link would have finished it. Any of the group's threads. */
+  int64_t (*allreduce_end)(void *state, int64_t t0, size_t bytes, int world);
+  /* DDP's shared gradients, round `step` (increasing): bucket j of nb holds
+   * bytes[j] and was posted by every rank at posted[j] (-1: not yet). When
+   * bucket k (posted) finishes its transfer, as far as `now` decides: a time
+   * after now means look again then. Called by the thread that waits for
+   * the bucket (backward's, or the next forward's in overlap mode). */
+  int64_t (*bucket_end)(void *state, uint64_t step, int k, int nb, const size_t *bytes,
+                        const int64_t *posted, int world, int64_t now);
+} dg_link_model;
+
+/* Every field but rank, world_size and store may be left zero (NULL): the
+ * default. dg_pg_opts_from_env fills the configuration from the
+ * environment variables named in brackets. */
 typedef struct {
   int rank;            /* required */
   int world_size;      /* required */
   dg_store *store;     /* rendezvous store (not owned; must outlive the group) */
-  const char *backend; /* "tcp" (default; DG_BACKEND overrides a NULL) */
+  const char *backend; /* "tcp" (NULL: tcp) or "ucx" [DG_BACKEND] */
   int timeout_ms;      /* per-operation deadline; 0: 300000 (torch's default) */
-  /* Interface: the address of `iface` (GLOO_SOCKET_IFNAME / DG_SOCKET_IFNAME
-   * when NULL), else the local address routing to `route_to`, else
-   * 127.0.0.1. */
+  /* Interface: the address of `iface` [DG_SOCKET_IFNAME, GLOO_SOCKET_IFNAME],
+   * else the local address routing to `route_to`, else 127.0.0.1. */
   const char *iface;
   const char *route_to;
   const char *group_name; /* store prefix as torch's first group: "default_pg"
                              then "0"; NULL: those */
   dg_rdzv rendezvous;
+  /* 1: no shared-memory segment between the ranks of one host (cross-memory
+   * attach or the transport then carry the data; DDP keeps private
+   * gradients) [DG_SHM=0]. Where /dev/shm is too small it is off anyway. */
+  int no_shm;
+  /* How long a transport wait busy-polls before sleeping, in microseconds:
+   * 0 the transport's default (tcp 100, ucx 0), negative none (for
+   * oversubscribed machines) [DG_SPIN_US, where 0 means none]. */
+  int spin_us;
+  /* Benchmarks and tests only: a slower link to model (copied; NULL: none). */
+  const dg_link_model *link;
 } dg_pg_opts;
 
 /* Creates a group and connects it (blocks until every rank joined or the
@@ -95,8 +128,15 @@ DG_API int dg_pg_new_ex(dg_pg **out, const dg_pg_opts *opts, char *err, size_t c
 /* Creates the group from the environment, like torch's env:// init: RANK,
  * WORLD_SIZE, MASTER_ADDR, MASTER_PORT (else SLURM_PROCID/SLURM_NTASKS, or
  * OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE); rank 0 hosts the TCPStore.
- * The group owns that store. timeout_ms 0: 300000. */
+ * The group owns that store. timeout_ms 0: 300000. The other options come
+ * from dg_pg_opts_from_env. */
 DG_API int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap);
+/* Fills the configuration fields of o that are still zero from the
+ * environment: backend (DG_BACKEND), iface (DG_SOCKET_IFNAME, else
+ * GLOO_SOCKET_IFNAME), no_shm (DG_SHM=0), spin_us (DG_SPIN_US). For
+ * programs that make their own store and want the same switches as
+ * dg_pg_new_from_env. The strings stay the environment's. DG_EINVAL: NULL. */
+DG_API int dg_pg_opts_from_env(dg_pg_opts *o);
 
 /* Leaves the group: waits for queued work (bounded by the timeout), tells
  * dgrad peers it is leaving, closes connections. NULL: no-op. */
@@ -114,9 +154,8 @@ DG_API const char *dg_pg_errmsg(const dg_pg *pg);
 /* Forces an allreduce algorithm (DG_ALGO_AUTO restores the default). Only
  * RING is valid in a group with non-dgrad ranks; CMA needs every rank on
  * this host with process_vm_readv allowed, SHM every rank on this host with
- * a POSIX shared-memory segment (DG_EUNSUPPORTED otherwise). DG_SHM=0 in
- * the environment at group creation turns the shared-memory path off.
- * Call it on every rank. */
+ * a POSIX shared-memory segment and no opts.no_shm (DG_EUNSUPPORTED
+ * otherwise). Call it on every rank. */
 DG_API int dg_pg_set_algo(dg_pg *pg, dg_algo algo);
 
 /* Collectives. `w` receives the work (free it with dg_work_free); on a

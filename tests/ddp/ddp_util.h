@@ -25,8 +25,12 @@
 /* ---- ranks as processes ---- */
 
 static char du_dir[256];
+/* A link model for the groups du_pg makes (bench/ddp/simlink.c; NULL: none). */
+static const dg_link_model *du_link;
 
-/* A process group for rank r of W over the FileStore in du_dir. */
+/* A process group for rank r of W over the FileStore in du_dir, with the
+ * switches of the environment (DG_BACKEND, DG_SHM, ...: the meson cases
+ * set them). */
 static inline int du_pg(int r, int W, dg_store **st, dg_pg **pg) {
   int rc = dg_file_store_new(st, du_dir, 30000);
   if (rc) return rc;
@@ -36,10 +40,21 @@ static inline int du_pg(int r, int W, dg_store **st, dg_pg **pg) {
   o.world_size = W;
   o.store = *st;
   o.timeout_ms = 20000;
+  o.link = du_link;
+  dg_pg_opts_from_env(&o);
   char err[256];
   rc = dg_pg_new_ex(pg, &o, err, sizeof err);
   if (rc) fprintf(stderr, "rank %d: pg: %s\n", r, err);
   return rc;
+}
+
+/* DDP defaults with DG_DDP_SHM_INLINE from the environment (1: no engine
+ * in the group's thread, 0: always one), as the benchmark reads it. */
+static inline dg_ddp_opts du_ddp_defaults(void) {
+  dg_ddp_opts o = dg_ddp_defaults();
+  const char *e = getenv("DG_DDP_SHM_INLINE");
+  if (e && (*e == '0' || *e == '1')) o.engine_thread = *e == '1' ? -1 : 1;
+  return o;
 }
 
 /* Frees pg and store right after the last collective (over TCP a rank

@@ -57,7 +57,7 @@ static int rank_main(int r, int W, void *arg) {
   dg_sgd_opts so = dg_sgd_defaults();
   so.lr = 0.01f;
   CHECK_OK(dg_optim_sgd_new(&opt, ps, &so));
-  dg_ddp_opts dop = dg_ddp_defaults();
+  dg_ddp_opts dop = du_ddp_defaults();
   dop.first_bucket_bytes = 64; /* fc2.bias alone: small, eager */
   if (dg_ddp_new(&ddp, ctx, ps, pg, &dop)) return 3;
   static float x[B * IN];

@@ -20,6 +20,7 @@
  * lr-sized differences). Ranks other than 0 start from different values, so
  * the broadcast of dg_ddp_new is tested too. */
 #include "tests/ddp/ddp_util.h"
+#include "bench/ddp/simlink.h"
 
 #define STEPS 6
 #define M 8
@@ -49,7 +50,7 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
   if (du_pg(r, W, &st, &pg) || dg_ctx_new(&ctx, NULL)) return 2;
   if (du_mlp_init(m, !strcmp(c->mode, "unused"), 42 + (uint64_t)r)) return 3;
   if (du_optim(c->optim, m->ps, &opt)) return 4;
-  dg_ddp_opts o = dg_ddp_defaults();
+  dg_ddp_opts o = du_ddp_defaults();
   if (!strcmp(c->caps, "small")) o.first_bucket_bytes = 64, o.bucket_cap_bytes = 400;
   o.comm = !strcmp(c->comm, "fp16") ? DG_DDP_COMM_FP16
            : !strcmp(c->comm, "bf16") ? DG_DDP_COMM_BF16 : DG_DDP_COMM_F32;
@@ -188,6 +189,7 @@ int main(int argc, char **argv) {
   int W = atoi(argv[1]);
   cfg c = {argv[2], argv[4], argv[5], argv[6], atoi(argv[3]), argc == 8};
   REQUIRE(W >= 1 && W <= 8 && c.K >= 1);
+  du_link = simlink_from_env(); /* the simlink cases: DG_SIM_LINK_GBIT */
   CHECK_EQ_INT(du_run(W, rank_main, &c, 60, NULL), 0);
   return TEST_DONE();
 }

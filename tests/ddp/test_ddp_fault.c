@@ -58,7 +58,7 @@ static int dead_peer(int r, dg_ctx *ctx, du_mlp *m, int fwd) {
 
 static int mismatch(int r, dg_ctx *ctx, du_mlp *m, dg_pg *pg) {
   dg_ddp *ddp = NULL;
-  dg_ddp_opts o = dg_ddp_defaults();
+  dg_ddp_opts o = du_ddp_defaults();
   if (!strcmp(g_mode, "options") && r == 2) o.accum_steps = 2;
   int rc = dg_ddp_new(&ddp, ctx, m->ps, pg, &o);
   fprintf(stderr, "rank %d: %s: %s\n", r, dg_err_name(rc), dg_errmsg(ctx));
@@ -109,7 +109,8 @@ static int rank_main(int r, int w, void *arg) {
   }
   dg_ddp *ddp = NULL;
   dg_optim *opt = NULL;
-  if (dg_ddp_new(&ddp, ctx, m.ps, pg, NULL)) return 4;
+  dg_ddp_opts o = du_ddp_defaults();
+  if (dg_ddp_new(&ddp, ctx, m.ps, pg, &o)) return 4;
   if (fwd && (du_optim("sgd", m.ps, &opt) || dg_ddp_overlap_optimizer(ddp, opt))) return 5;
   return dead_peer(r, ctx, &m, fwd); /* exits without cleanup: peers are gone */
 }

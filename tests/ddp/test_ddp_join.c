@@ -58,7 +58,7 @@ static int train(int r, const cfg *c, du_mlp *m, double *elapsed_ms) {
   if (du_pg(r, W, &st, &pg) || dg_ctx_new(&ctx, NULL) || du_mlp_init(m, 0, 5 + (uint64_t)r) ||
       du_optim(c->optim, m->ps, &opt))
     return 2;
-  dg_ddp_opts o = dg_ddp_defaults();
+  dg_ddp_opts o = du_ddp_defaults();
   o.first_bucket_bytes = 64;
   o.bucket_cap_bytes = 600;
   o.comm = !strcmp(c->comm, "fp16")   ? DG_DDP_COMM_FP16

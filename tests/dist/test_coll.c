@@ -13,6 +13,7 @@
 static const size_t sizes[] = {0, 1, 4, 100, 10000, 1000003};
 static const dg_dtype dtypes[] = {DG_F32, DG_F64, DG_F16, DG_BF16, DG_I32, DG_I64};
 static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_no_shm; /* "noshm": dg_pg_opts.no_shm set by the program */
 
 typedef struct {
   int rank, W;
@@ -115,7 +116,9 @@ static void *rank_main(void *p) {
   rank_arg *a = p;
   dg_pg *pg = NULL;
   char err[512];
-  dg_pg_opts o = {.rank = a->rank, .world_size = a->W, .store = a->store, .timeout_ms = 60000};
+  dg_pg_opts o = {.rank = a->rank, .world_size = a->W, .store = a->store, .timeout_ms = 60000,
+                  .no_shm = g_no_shm};
+  dg_pg_opts_from_env(&o); /* the meson cases set DG_BACKEND, DG_SHM */
   int rc = dg_pg_new_ex(&pg, &o, err, sizeof err);
   TCHECK(rc == DG_OK, "rank %d/%d init: %s", a->rank, a->W, err);
   if (rc != DG_OK) return NULL;
@@ -131,8 +134,8 @@ static void *rank_main(void *p) {
         check_sum(pg, dtypes[d], sizes[s], DG_ALGO_HALVING_DOUBLING);
         check_sum(pg, dtypes[d], sizes[s], DG_ALGO_DIRECT);
         if (W > 1) check_sum(pg, dtypes[d], sizes[s], DG_ALGO_CMA);
-        const char *e = getenv("DG_SHM"); /* "0": no segment (DG_ALGO_SHM refused) */
-        if (W > 1 && !(e && !strcmp(e, "0"))) check_sum(pg, dtypes[d], sizes[s], DG_ALGO_SHM);
+        if (W > 1 && !o.no_shm) check_sum(pg, dtypes[d], sizes[s], DG_ALGO_SHM);
+        else if (W > 1) TCHECK(dg_pg_set_algo(pg, DG_ALGO_SHM) == DG_EUNSUPPORTED, "no_shm");
       }
     }
   dg_pg_set_algo(pg, DG_ALGO_AUTO);
@@ -160,9 +163,11 @@ static void run_world(int W) {
   dg_store_free(root);
 }
 
+/* test_coll [W [noshm]] */
 int main(int argc, char **argv) {
   int lo = 1, hi = 8;
   if (argc > 1) lo = hi = atoi(argv[1]);
+  g_no_shm = argc > 2 && !strcmp(argv[2], "noshm");
   for (int W = lo; W <= hi; W++) run_world(W);
   return TEST_DONE();
 }

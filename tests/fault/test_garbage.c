@@ -23,6 +23,7 @@ static void *rank0(void *p) {
   dg_pg *pg = NULL;
   char err[256];
   dg_pg_opts o = {.rank = 0, .world_size = 2, .store = a->st, .timeout_ms = 5000};
+  dg_pg_opts_from_env(&o); /* DG_SHM of the meson case */
   a->rc = dg_pg_new_ex(&pg, &o, err, sizeof err);
   if (a->rc != DG_OK) {
     snprintf(a->msg, sizeof a->msg, "init: %s", err);

@@ -17,6 +17,7 @@ static void *rank_main(void *p) {
   arg_t *a = p;
   dg_pg *pg = NULL;
   dg_pg_opts o = {.rank = a->rank, .world_size = a->world, .store = a->st, .timeout_ms = 5000};
+  dg_pg_opts_from_env(&o); /* DG_BACKEND, DG_SHM of the meson cases */
   a->rc = dg_pg_new_ex(&pg, &o, a->err, sizeof a->err);
   dg_pg_free(pg);
   return NULL;

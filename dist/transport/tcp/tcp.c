@@ -716,8 +716,7 @@ int dg__tcp_xport_new(dg_xport **out, const dg_xport_opts *o, char *err, size_t 
   x->base.size = o->size;
   x->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 300000;
   x->base.eager_max = DG_TCP_EAGER_MAX;
-  const char *spin = getenv("DG_SPIN_US");
-  x->spin_us = spin && *spin ? atoi(spin) : 100;
+  x->spin_us = o->spin_us > 0 ? o->spin_us : o->spin_us < 0 ? 0 : 100;
   x->ep = x->evfd = -1;
   pthread_mutex_init(&x->mu, NULL);
   pthread_cond_init(&x->cv, NULL);

@@ -265,8 +265,8 @@ int dg__ucx_xport_new(dg_xport **out, const dg_xport_opts *o, char *err, size_t 
   x->base.all_dgrad = 1; /* checked per peer below */
   x->base.eager_max = 0;
   x->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 300000;
-  const char *spin = getenv("DG_SPIN_US");
-  x->spin_us = spin && *spin ? atoi(spin) : 0; /* busy polling starves peers sharing the cores */
+  /* default none: busy polling starves peers sharing the cores */
+  x->spin_us = o->spin_us > 0 ? o->spin_us : 0;
   x->ep = x->wakefd = x->efd = -1;
   x->suspect = -1;
   pthread_mutex_init(&x->mu, NULL);

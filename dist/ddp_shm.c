@@ -1,0 +1,439 @@
+/* DDP's shared gradient segment: the reducer for ranks on one host with the
+ * built-in f32 reduction. Every rank's flat gradient buffer lives in one
+ * shared mapping (the store borrows it: dg__params_lend_grad), so a
+ * bucket's average needs no copy-in: each rank reduces its 1/W block of the
+ * bucket from every rank's buffer and writes the result into every rank's
+ * buffer (read S, write S per rank in all).
+ *
+ * Buckets are independent (words per bucket, values = the round number g):
+ *   rank r's bucket k is final:    ready[r][k] = g
+ *   r's engine, until r has done every bucket: pick, among the buckets
+ *     ready on every rank and not done by r, the one the next forward needs
+ *     first (the highest index: buckets run from the output layer back),
+ *     average r's block of it, done[r][k] = g; none: sleep on the bell
+ *   bucket k is complete when done[p][k] = g on every rank p.
+ * Ranks may pick in different orders (each picks from what it sees) and no
+ * one waits for buckets in a fixed sequence, so no order can deadlock.
+ * Progress is cooperative: the backward thread takes what it can at every
+ * grad-ready hook and the thread that needs a bucket while it waits; with a
+ * spare core a task in the group's worker also runs an engine during
+ * backward (a claim per bucket keeps a block from being done twice). Every
+ * publish bumps the bell (one futex for all waiters). The segment is mapped
+ * and waited on with the process group's primitives (dist/pg_ext.h).
+ *
+ * A link model (dg_pg_opts.link, benchmarks only) sees when every rank
+ * posted each bucket (the latest ready_at) and holds a complete bucket back
+ * until its modelled transfer ends; that hold runs after the wait loop,
+ * only where a model is installed. */
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "dist/ddp_impl.h"
+#include "dist/pg_ext.h"
+#include "dist/net/net_impl.h"
+#include "core/core_impl.h"
+
+#define RED_TILE 4096 /* floats reduced in L1 before being written out */
+
+typedef struct {
+  uint32_t bell __attribute__((aligned(64)));
+  uint32_t sleepers __attribute__((aligned(64)));
+} grad_hdr;
+
+typedef struct {
+  dg_pg *pg;
+  void *base;
+  size_t len, stride; /* mapping; bytes between ranks' buffers */
+  int W, rank, nbmax, nb;
+  grad_hdr *hdr;
+  unsigned char *ctl; /* (W) per-rank words (see done_of) */
+  size_t ctl_stride;
+  unsigned char *data;
+  size_t *off, *cnt;  /* (nbmax) bucket k: [off, off + cnt) */
+  size_t *bytes;      /* (nbmax) cnt * 4, for the link model */
+  uint32_t *claimed;  /* (nbmax) round that took my block of bucket k */
+  int64_t *posted;    /* (nbmax) the link model's view of the postings */
+  uint32_t gen;       /* this rank's round number */
+  const dg_link_model *link; /* the group's model with bucket_end, or NULL */
+  float *mine;        /* this rank's buffer (the store's gradients) */
+  int engine_thread;  /* 1: an engine task in the group's worker per round */
+  dg_work *engine;    /* this round's engine */
+} seg;
+
+static size_t page_up(size_t n) { return (n + 4095) / 4096 * 4096; }
+static size_t line_up(size_t n) { return (n + 63) / 64 * 64; }
+
+static int32_t *count_of(seg *s, int r) { return (int32_t *)(s->ctl + (size_t)r * s->ctl_stride); }
+/* Per rank after count[2]: done[nbmax] | ready[2][nbmax] | ready_at[2][nbmax]
+ * (ns, CLOCK_MONOTONIC); ready words and times by round parity, as the
+ * counts: a peer one round ahead must not erase what a link model still
+ * reads. */
+static uint32_t *done_of(seg *s, int r) {
+  return (uint32_t *)(s->ctl + (size_t)r * s->ctl_stride + 64);
+}
+static uint32_t *ready_of(seg *s, int r) {
+  size_t w = line_up((size_t)s->nbmax * sizeof(uint32_t));
+  return (uint32_t *)(s->ctl + (size_t)r * s->ctl_stride + 64 + w + (s->gen & 1) * w);
+}
+static int64_t *ready_at_of(seg *s, int r) {
+  size_t w = line_up((size_t)s->nbmax * sizeof(uint32_t));
+  size_t t = line_up((size_t)s->nbmax * sizeof(int64_t));
+  return (int64_t *)(s->ctl + (size_t)r * s->ctl_stride + 64 + 3 * w + (s->gen & 1) * t);
+}
+static float *grad_of(seg *s, int r) { return (float *)(s->data + (size_t)r * s->stride); }
+
+static void seg_free(seg *s) {
+  if (!s) return;
+  if (s->base) munmap(s->base, s->len);
+  dg__free(s->off);
+  dg__free(s->claimed);
+  dg__free(s->posted);
+  dg__free(s);
+}
+
+/* Maps the segment for nfloat gradients and at most nbmax buckets
+ * (collective); *out stays NULL where the group has no segment or a rank
+ * cannot map it. Returns a group failure only. */
+static int seg_new(dg_pg *pg, size_t nfloat, int nbmax, seg **out) {
+  *out = NULL;
+  int W = dg_pg_size(pg);
+  size_t stride = page_up((nfloat ? nfloat : 1) * sizeof(float));
+  size_t cs = 64 + 3 * line_up((size_t)nbmax * sizeof(uint32_t)) +
+              2 * line_up((size_t)nbmax * sizeof(int64_t));
+  size_t ctl = page_up(sizeof(grad_hdr) + (size_t)W * cs);
+  size_t len = ctl + (size_t)W * stride;
+  void *p = NULL;
+  int rc = dg__shm_map(pg, len, &p);
+  if (rc != DG_OK || !p) return rc;
+  seg *s = dg__calloc(1, sizeof *s);
+  if (s) {
+    *s = (seg){.pg = pg, .base = p, .len = len, .stride = stride, .W = W,
+               .rank = dg_pg_rank(pg), .nbmax = nbmax, .hdr = p,
+               .ctl = (unsigned char *)p + sizeof(grad_hdr), .ctl_stride = cs,
+               .data = (unsigned char *)p + ctl};
+    s->off = dg__calloc((size_t)nbmax * 3, sizeof *s->off);
+    s->claimed = dg__calloc((size_t)nbmax, sizeof *s->claimed);
+    s->posted = dg__calloc((size_t)nbmax, sizeof *s->posted);
+  }
+  int64_t ok = s && s->off && s->claimed && s->posted;
+  rc = dg_pg_allreduce_sync(pg, &ok, 1, DG_I64, DG_RED_MIN); /* every rank or none */
+  if (rc != DG_OK || !ok) {
+    if (s) seg_free(s);
+    else munmap(p, len);
+    return rc;
+  }
+  s->cnt = s->off + nbmax;
+  s->bytes = s->cnt + nbmax;
+  const dg_link_model *m = dg__pg_link(pg);
+  s->link = m && m->bucket_end ? m : NULL;
+  s->mine = grad_of(s, s->rank);
+  *out = s;
+  return DG_OK;
+}
+
+static void ring(seg *s) {
+  __atomic_add_fetch(&s->hdr->bell, 1, __ATOMIC_SEQ_CST);
+  dg__shm_wake(&s->hdr->bell, &s->hdr->sleepers);
+}
+
+static int is_gen(const uint32_t *w, uint32_t g) { return __atomic_load_n(w, __ATOMIC_ACQUIRE) == g; }
+
+static int data_done(seg *s, int k) {
+  for (int p = 0; p < s->W; p++)
+    if (!is_gen(&done_of(s, p)[k], s->gen)) return 0;
+  return 1;
+}
+
+/* When bucket k was posted everywhere (the latest ready_at), or -1. */
+static int64_t posted_at(seg *s, int k) {
+  int64_t t = 0;
+  for (int p = 0; p < s->W; p++) {
+    if (!is_gen(&ready_of(s, p)[k], s->gen)) return -1;
+    t = DG_MAX(t, __atomic_load_n(&ready_at_of(s, p)[k], __ATOMIC_RELAXED));
+  }
+  return t;
+}
+
+/* The round's count summed over ranks (valid once any bucket is complete). */
+static int32_t seg_count(seg *s) {
+  int32_t t = 0;
+  for (int p = 0; p < s->W; p++) t += __atomic_load_n(&count_of(s, p)[s->gen & 1], __ATOMIC_ACQUIRE);
+  return t;
+}
+
+/* out = average over ranks (in rank order) of [o, o + n) of every buffer,
+ * written to every buffer, a tile at a time through L1. */
+static void grad_block(seg *s, size_t o, size_t n) {
+  if (s->W == 2) { /* one pass: read both, write both */
+    float *restrict a = grad_of(s, 0) + o, *restrict b = grad_of(s, 1) + o;
+    for (size_t i = 0; i < n; i++) a[i] = b[i] = (a[i] + b[i]) * 0.5f;
+    return;
+  }
+  float tile[RED_TILE];
+  for (size_t t = 0; t < n; t += RED_TILE) {
+    size_t k = DG_MIN((size_t)RED_TILE, n - t);
+    memcpy(tile, grad_of(s, 0) + o + t, k * sizeof(float));
+    for (int p = 1; p < s->W; p++) {
+      if (p == s->W - 1) dg__reduce_avg_last(tile, grad_of(s, p) + o + t, k, DG_F32, s->W);
+      else dg__reduce(tile, grad_of(s, p) + o + t, k, DG_F32, DG_RED_SUM);
+    }
+    for (int p = 0; p < s->W; p++) memcpy(grad_of(s, p) + o + t, tile, k * sizeof(float));
+  }
+}
+
+/* The next bucket for this rank (-1: none ready everywhere). */
+static int candidate(seg *s) {
+  for (int k = s->nb - 1; k >= 0; k--) {
+    if (__atomic_load_n(&s->claimed[k], __ATOMIC_ACQUIRE) == s->gen) continue;
+    int p = 0;
+    while (p < s->W && is_gen(&ready_of(s, p)[k], s->gen)) p++;
+    if (p == s->W) return k;
+  }
+  return -1;
+}
+
+/* Averages this rank's blocks of the buckets ready everywhere, without
+ * waiting; returns how many. */
+static int progress(seg *s) {
+  int n = 0;
+  for (int k; (k = candidate(s)) >= 0;) {
+    uint32_t old = __atomic_load_n(&s->claimed[k], __ATOMIC_ACQUIRE);
+    if (old == s->gen || !__atomic_compare_exchange_n(&s->claimed[k], &old, s->gen, 0,
+                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      continue; /* the other thread took it */
+    size_t q = s->cnt[k] / (size_t)s->W, rm = s->cnt[k] % (size_t)s->W;
+    size_t bo = (size_t)s->rank * q + DG_MIN((size_t)s->rank, rm);
+    grad_block(s, s->off[k] + bo, q + ((size_t)s->rank < rm));
+    __atomic_store_n(&done_of(s, s->rank)[k], s->gen, __ATOMIC_SEQ_CST);
+    ring(s);
+    n++;
+  }
+  return n;
+}
+
+static int mine_all_done(seg *s) {
+  for (int k = 0; k < s->nb; k++)
+    if (!is_gen(&done_of(s, s->rank)[k], s->gen)) return 0;
+  return 1;
+}
+
+/* What an engine or a waiter is waiting for. */
+typedef struct {
+  seg *s;
+  int want;      /* bucket, or -1: this rank's blocks of every bucket */
+  uint32_t bell; /* the bell when the waiter last looked */
+} grad_wait;
+
+static int bell_moved(void *a) {
+  grad_wait *w = a;
+  return __atomic_load_n(&w->s->hdr->bell, __ATOMIC_SEQ_CST) != w->bell;
+}
+
+/* The first rank holding up `want` (or this rank's engine). */
+static int laggard(void *a) {
+  grad_wait *w = a;
+  seg *s = w->s;
+  for (int k = 0; k < s->nb; k++) {
+    if (w->want >= 0 ? k != w->want : is_gen(&done_of(s, s->rank)[k], s->gen)) continue;
+    for (int p = 0; p < s->W; p++)
+      if (p != s->rank && !is_gen(w->want >= 0 ? &done_of(s, p)[k] : &ready_of(s, p)[k], s->gen))
+        return p;
+  }
+  return -1;
+}
+
+static int bell_wait(seg *s, grad_wait *w, int64_t deadline, int *dead) {
+  return dg__shm_wait(s->pg, &s->hdr->bell, &s->hdr->sleepers, bell_moved, laggard, w, deadline,
+                      dead);
+}
+
+/* The engine: a task in the group's worker that does this rank's blocks of
+ * every bucket of the round as they become ready everywhere. */
+static int engine_run(dg_coll *c, void *arg) {
+  seg *s = arg;
+  grad_wait w = {s, -1, 0};
+  for (;;) {
+    w.bell = __atomic_load_n(&s->hdr->bell, __ATOMIC_SEQ_CST);
+    progress(s);
+    if (mine_all_done(s)) return DG_OK;
+    int dead = -1, rc = bell_wait(s, &w, dg__coll_deadline(c), &dead);
+    if (rc != DG_OK)
+      return dg__shm_wait_fail(c, rc, DG_MAX(laggard(&w), 0), dead, "finish its gradients",
+                               "DDP shared-memory gradients");
+  }
+}
+
+/* A link model (benchmarks): bucket k's data is averaged; hold it back
+ * until the model's transfer of it ends (bounded by the deadline). */
+static void link_hold(seg *s, int k, int64_t deadline) {
+  for (;;) {
+    for (int j = 0; j < s->nb; j++) s->posted[j] = posted_at(s, j);
+    int64_t now = dg__now_ns();
+    int64_t t = s->link->bucket_end(s->link->state, s->gen, k, s->nb, s->bytes, s->posted,
+                                    s->W, now);
+    if (t <= now || dg__now_ms() >= deadline) return;
+    dg__sleep_until_ns(t == INT64_MAX ? now + 1000000 : t, deadline); /* no message ends it sooner */
+  }
+}
+
+/* Why waiting for bucket k failed with rc (into err). */
+static void wait_error(seg *s, grad_wait *w, int rc, int dead, char *err, size_t cap) {
+  int k = w->want, p = laggard(w);
+  if (p < 0) p = s->rank; /* every peer is done: this rank's own block is missing */
+  if (rc == DG_EPEER && dead >= 0)
+    snprintf(err, cap, "rank %d exited while rank %d waited for rank %d to average its block "
+             "of gradient bucket %d", dead, s->rank, p, k);
+  else if (rc == DG_ETIMEDOUT)
+    snprintf(err, cap, "timed out after %d ms waiting for rank %d to average its block of "
+             "gradient bucket %d", dg__pg_timeout_ms(s->pg), p, k);
+  else if (dg__pg_error(s->pg, err, cap) == DG_OK)
+    snprintf(err, cap, "transport failed while waiting for rank %d", p);
+}
+
+/* Makes progress until bucket k is complete, or until this round's engine
+ * fails; a failure's message goes to err. */
+static int wait_bucket(seg *s, int k, char *err, size_t cap) {
+  grad_wait w = {s, k, 0};
+  int64_t deadline = dg__deadline(0, dg__pg_timeout_ms(s->pg));
+  int dead = -1, rc = DG_OK, done = 0;
+  for (;;) {
+    w.bell = __atomic_load_n(&s->hdr->bell, __ATOMIC_SEQ_CST);
+    progress(s);
+    if (data_done(s, k)) {
+      if (s->link) link_hold(s, k, deadline);
+      return DG_OK;
+    }
+    if (s->engine && (rc = dg_work_test(s->engine, &done)) != DG_OK) {
+      snprintf(err, cap, "%s", dg_work_errmsg(s->engine));
+      return rc;
+    }
+    if ((rc = bell_wait(s, &w, deadline, &dead)) != DG_OK) break;
+    if (dg__now_ms() >= deadline) {
+      rc = DG_ETIMEDOUT;
+      break;
+    }
+  }
+  wait_error(s, &w, rc, dead, err, cap);
+  return rc;
+}
+
+/* ---- the reducer ---- */
+
+static void shm_layout(dg_ddp *d) {
+  seg *s = d->red_state;
+  s->nb = DG_MIN(d->nb, s->nbmax);
+  for (int k = 0; k < s->nb; k++) {
+    s->off[k] = d->b[k].lo;
+    s->cnt[k] = d->b[k].hi - d->b[k].lo;
+    s->bytes[k] = s->cnt[k] * sizeof(float);
+  }
+}
+
+static void shm_begin_round(dg_ddp *d, int32_t have) {
+  seg *s = d->red_state;
+  s->gen++;
+  /* the count rides in the segment. Two slots: a peer is at most one round
+   * ahead, and it cannot begin the round after that before this rank has
+   * read this round's counts */
+  __atomic_store_n(&count_of(s, s->rank)[s->gen & 1], have, __ATOMIC_RELEASE);
+  if (!s->engine_thread) return;
+  int rc = dg__pg_post_task(d->pg, "DDP gradient averaging", engine_run, s, &s->engine);
+  if (rc) dg__ddp_fail(d, rc, "ddp: rank %d: posting the gradient averaging failed: %s",
+                       d->rank, dg_pg_errmsg(d->pg));
+}
+
+/* Publishes bucket k and averages what is ready everywhere. */
+static void shm_start(dg_ddp *d, int k) {
+  seg *s = d->red_state;
+  if (s->link) __atomic_store_n(&ready_at_of(s, s->rank)[k], dg__now_ns(), __ATOMIC_RELAXED);
+  __atomic_store_n(&ready_of(s, s->rank)[k], s->gen, __ATOMIC_SEQ_CST);
+  ring(s);
+  progress(s);
+}
+
+static void shm_progress(dg_ddp *d) { progress(d->red_state); }
+
+/* Waits until every rank averaged its block of bucket k (doing this rank's
+ * blocks meanwhile), then scales. */
+static int shm_finish(dg_ddp *d, int k) {
+  seg *s = d->red_state;
+  char err[400];
+  err[0] = '\0';
+  int rc = wait_bucket(s, k, err, sizeof err);
+  if (rc)
+    return dg__ddp_fail(d, rc, "ddp: rank %d: step %lld: averaging bucket %d (%d params, %zu "
+                        "floats) failed: %s", d->rank, (long long)d->st.sync_steps, k,
+                        d->b[k].nparams, d->b[k].hi - d->b[k].lo, err[0] ? err : dg_pg_errmsg(d->pg));
+  if (d->active < 0) d->active = d->opts.no_join ? d->world : seg_count(s);
+  const float f = dg__ddp_round_scale(d) * (float)d->world; /* the segment divided by world */
+  if (f != 1.0f) {
+    float *g = dg__params_grad_raw(d->ps);
+    for (size_t i = d->b[k].lo; i < d->b[k].hi; i++) g[i] *= f;
+  }
+  d->b[k].finished = 1;
+  return d->err;
+}
+
+/* The count is known once any bucket is complete. */
+static int32_t shm_count(dg_ddp *d) {
+  dg__ddp_start_rest(d);
+  return dg__ddp_finish_bucket(d, 0) ? 0 : d->active;
+}
+
+static void shm_end_round(dg_ddp *d) {
+  seg *s = d->red_state;
+  if (!s->engine) return;
+  /* done with every block once every bucket completed; a failed round has
+   * it fail by its deadline */
+  (void)dg_work_wait(s->engine, 0);
+  dg_work_free(s->engine);
+  s->engine = NULL;
+}
+
+static void shm_free(dg_ddp *d) {
+  /* gradients back into private memory (the store outlives us) */
+  if (dg__params_lend_grad(d->ps, NULL) != DG_OK)
+    DG_LOGE("ddp_free: rank %d: out of memory taking the gradients back; they are lost",
+            d->rank);
+  seg_free(d->red_state);
+  d->red_state = NULL;
+}
+
+static const dg__ddp_reducer shm_reducer = {
+    .name = "shared segment", .count_rides = 1, .layout = shm_layout,
+    .begin_round = shm_begin_round, .start = shm_start, .progress = shm_progress,
+    .finish = shm_finish, .count = shm_count, .end_round = shm_end_round, .free = shm_free};
+
+/* The averaging is CPU work: an engine in the group's worker overlaps it
+ * with backward only if a core is free for it; otherwise it only adds
+ * thread hand-offs (measured: bench/ddp, 2 ranks on 2 cores). */
+static int engine_wanted(const dg_ddp *d) {
+  if (d->opts.engine_thread) return d->opts.engine_thread > 0;
+  cpu_set_t cs;
+  int ncpu = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 1;
+  return ncpu >= dg_pg_local_size(d->pg) * (dg_get_num_threads() + 1);
+}
+
+int dg__ddp_shm_init(dg_ddp *d) {
+  if (d->world == 1 || d->opts.hook || d->opts.comm != DG_DDP_COMM_F32 ||
+      !dg__pg_local_shm(d->pg))
+    return DG_OK;
+  size_t n = 0;
+  dg_params_data(d->ps, &n);
+  seg *s = NULL;
+  int rc = seg_new(d->pg, n, d->nparams, &s);
+  if (rc) return dg__ddp_fail(d, rc, "ddp_new: rank %d: setting up the shared gradient "
+                              "buffers failed: %s", d->rank, dg_pg_errmsg(d->pg));
+  if (!s) return DG_OK; /* no segment: private gradients, the collectives */
+  s->engine_thread = engine_wanted(d);
+  if ((rc = dg__params_lend_grad(d->ps, s->mine)) != DG_OK) {
+    /* only ENOMEM-free paths reach here: lending an external buffer cannot fail */
+    seg_free(s);
+    return dg__ddp_fail(d, rc, "ddp_new: lending the gradient buffer failed");
+  }
+  d->red = &shm_reducer;
+  d->red_state = s;
+  return DG_OK;
+}

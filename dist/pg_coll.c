@@ -1,0 +1,151 @@
+/* The collectives API: each call checks its arguments, picks the function
+ * that runs it (the algorithm choice for allreduce) and posts it to the
+ * runtime (pg_work.c), which runs it in call order on the group's worker
+ * or on the thread that waits for it. */
+#include <string.h>
+
+#include "dist/coll_impl.h"
+#include "base/common_impl.h"
+
+/* dgrad-only allreduce choice: latency-bound below this many bytes. */
+#define SMALL_BYTES (64u << 10)
+
+static uint64_t slot_of(int prefix, uint32_t tag) {
+  return ((uint64_t)prefix << 56) | ((uint64_t)tag << 24);
+}
+
+static int run_allreduce(dg_coll *c, void *arg) {
+  (void)arg;
+  dg_work *w = c->w;
+  size_t bytes = w->count * dg_dtype_size(w->dt);
+  dg_algo a = w->algo;
+  if (!c->pg->all_dgrad) a = DG_ALGO_RING;
+  /* Over TCP alone, Gloo's ring (two segments in flight) beats moving all
+   * blocks at once on loopback; across hosts DIRECT can be forced. */
+  if (a == DG_ALGO_AUTO)
+    a = c->pg->shm           ? DG_ALGO_SHM
+        : bytes <= SMALL_BYTES ? DG_ALGO_HALVING_DOUBLING
+        : c->pg->cma           ? DG_ALGO_CMA
+                               : DG_ALGO_RING;
+  c->slot = slot_of(DG_SLOT_ALLREDUCE, w->tag);
+  c->eager = a != DG_ALGO_RING;
+  int rc;
+  if (c->size == 1 || w->count == 0) rc = DG_OK;
+  else if (a == DG_ALGO_RING) rc = dg__gloo_allreduce_ring(c, w->buf, w->count, w->dt, w->op);
+  else if (a == DG_ALGO_HALVING_DOUBLING) rc = dg__allreduce_rd(c, w->buf, w->count, w->dt, w->op);
+  else if (a == DG_ALGO_SHM && c->pg->shm) rc = dg__allreduce_shm(c, w->buf, w->count, w->dt, w->op);
+  else if (a == DG_ALGO_CMA && c->pg->cma) rc = dg__allreduce_cma(c, w->buf, w->count, w->dt, w->op);
+  else rc = dg__allreduce_direct(c, w->buf, w->count, w->dt, w->op);
+  if (rc == DG_OK && w->op == DG_RED_AVG && a != DG_ALGO_SHM) dg__scale_div(w->buf, w->count, w->dt, c->size);
+  return rc;
+}
+
+static int run_broadcast(dg_coll *c, void *arg) {
+  (void)arg;
+  dg_work *w = c->w;
+  c->slot = slot_of(DG_SLOT_BROADCAST, w->tag);
+  return c->size == 1 ? DG_OK
+                      : dg__gloo_broadcast(c, w->buf, w->count * dg_dtype_size(w->dt), w->root);
+}
+
+static int run_allgather(dg_coll *c, void *arg) {
+  (void)arg;
+  dg_work *w = c->w;
+  c->slot = slot_of(DG_SLOT_ALLGATHER, w->tag);
+  return dg__gloo_allgather(c, w->in, w->out, w->count * dg_dtype_size(w->dt));
+}
+
+static int run_reduce_scatter(dg_coll *c, void *arg) {
+  (void)arg;
+  dg_work *w = c->w;
+  c->slot = slot_of(DG_SLOT_ALLREDUCE, w->tag);
+  c->eager = 1;
+  return dg__reduce_scatter(c, w->in, w->out, w->count, w->dt, w->op);
+}
+
+static int run_barrier(dg_coll *c, void *arg) {
+  (void)arg;
+  /* on one host: a one-element all-reduce in the segment (nobody leaves
+   * before everyone arrived), microseconds, no wake-ups */
+  int32_t one = 1;
+  if (c->pg->shm) return dg__allreduce_shm(c, &one, 1, DG_I32, DG_RED_SUM);
+  c->slot = slot_of(DG_SLOT_BARRIER, c->w->tag);
+  return dg__gloo_barrier(c);
+}
+
+int dg_pg_allreduce(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op,
+                    dg_work **w) {
+  if (w) *w = NULL;
+  if (!w || (count && !buf) || (unsigned)op > DG_RED_PROD) return DG_EINVAL;
+  dg_work *k = dg__work_new(pg, DG_W_ALLREDUCE, dt);
+  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
+  k->buf = buf;
+  k->count = count;
+  k->op = op;
+  return dg__work_post(pg, k, run_allreduce, w);
+}
+
+int dg_pg_broadcast(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root, dg_work **w) {
+  if (w) *w = NULL;
+  if (!w || !pg || (count && !buf) || root < 0 || root >= pg->size) return DG_EINVAL;
+  dg_work *k = dg__work_new(pg, DG_W_BROADCAST, dt);
+  if (!k) return DG_ENOMEM;
+  k->buf = buf;
+  k->count = count;
+  k->root = root;
+  return dg__work_post(pg, k, run_broadcast, w);
+}
+
+int dg_pg_allgather(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
+                    dg_work **w) {
+  if (w) *w = NULL;
+  if (!w || (count && (!in || !out))) return DG_EINVAL;
+  dg_work *k = dg__work_new(pg, DG_W_ALLGATHER, dt);
+  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
+  k->in = in;
+  k->out = out;
+  k->count = count;
+  return dg__work_post(pg, k, run_allgather, w);
+}
+
+int dg_pg_reduce_scatter(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
+                         dg_redop op, dg_work **w) {
+  if (w) *w = NULL;
+  if (!w || (count && (!in || !out)) || (unsigned)op > DG_RED_PROD) return DG_EINVAL;
+  dg_work *k = dg__work_new(pg, DG_W_REDUCE_SCATTER, dt);
+  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
+  k->in = in;
+  k->out = out;
+  k->count = count;
+  k->op = op;
+  return dg__work_post(pg, k, run_reduce_scatter, w);
+}
+
+int dg_pg_barrier(dg_pg *pg, dg_work **w) {
+  if (w) *w = NULL;
+  if (!w) return DG_EINVAL;
+  dg_work *k = dg__work_new(pg, DG_W_BARRIER, DG_F32);
+  if (!k) return pg ? DG_ENOMEM : DG_EINVAL;
+  return dg__work_post(pg, k, run_barrier, w);
+}
+
+/* The _sync wrappers' caller waits at once: it runs the work itself. */
+int dg_pg_allreduce_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op) {
+  dg_work *w = NULL;
+  dg__work_caller_runs(1);
+  int rc = dg_pg_allreduce(pg, buf, count, dt, op, &w);
+  dg__work_caller_runs(0);
+  if (rc == DG_OK) rc = dg_work_wait(w, 0);
+  dg_work_free(w);
+  return rc;
+}
+
+int dg_pg_barrier_sync(dg_pg *pg) {
+  dg_work *w = NULL;
+  dg__work_caller_runs(1);
+  int rc = dg_pg_barrier(pg, &w);
+  dg__work_caller_runs(0);
+  if (rc == DG_OK) rc = dg_work_wait(w, 0);
+  dg_work_free(w);
+  return rc;
+}
