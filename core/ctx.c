@@ -83,9 +83,6 @@ int dg__null_input(dg_ctx *ctx, const char *op, const char *what, const dg_tenso
 }
 
 int dg__check_f32(dg_ctx *ctx, const char *op, const char *what, const dg_tensor *t) {
-  /* every op checks each input here before reading it: the one place where
-   * a parameter with a pending update can be waited for */
-  if ((t->flags & DG_TF_PENDING) && dg__fence(ctx, op, t)) return 0;
   if (t->dtype == DG_F32 && t->device == DG_CPU) return 1;
   char b[96];
   dg__set_error(ctx, t->dtype != DG_F32 ? DG_EDTYPE : DG_EDEVICE,

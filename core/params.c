@@ -191,17 +191,29 @@ void dg__params_set_writer(dg_params *ps, dg__writer_fn fn, void *user) {
   ps->writer = fn;
   ps->writer_user = user;
   if (!fn)
-    for (int i = 0; i < ps->n; i++) ps->t[i]->flags &= ~(uint32_t)DG_TF_PENDING;
+    for (int i = 0; i < ps->n; i++) dg__param_set_pending(ps, i, 0);
 }
 
 int dg__params_has_writer(const dg_params *ps, const void *user) {
   return ps && ps->writer && (!user || ps->writer_user == user);
 }
 
+/* In debug builds a pending parameter's data pointer is poisoned (a
+ * non-canonical address): a read path that skips the fence faults in a test
+ * instead of quietly reading the previous step's values. The writer updates
+ * the flat buffer, never through the view. */
+#ifndef NDEBUG
+#define PENDING_POISON ((void *)(uintptr_t)0xdead00000000deadull)
+#endif
+
 void dg__param_set_pending(dg_params *ps, int i, int on) {
   if (!ps || i < 0 || i >= ps->n) return;
-  if (on) ps->t[i]->flags |= DG_TF_PENDING;
-  else ps->t[i]->flags &= ~(uint32_t)DG_TF_PENDING;
+  dg_tensor *t = ps->t[i];
+  if (on) t->flags |= DG_TF_PENDING;
+  else t->flags &= ~(uint32_t)DG_TF_PENDING;
+#ifdef PENDING_POISON
+  t->data = on ? PENDING_POISON : ps->data + ps->offset[i];
+#endif
 }
 
 void dg__params_set_update_owned(dg_params *ps, int on) {

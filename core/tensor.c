@@ -115,8 +115,6 @@ dg_tensor *dg__new_like(dg_ctx *ctx, const char *op, const dg_tensor *x) {
 }
 
 dg_tensor *dg__alias(dg_ctx *ctx, const char *op, dg_tensor *x) {
-  /* a view of a parameter is read later through the view: wait now */
-  if ((x->flags & DG_TF_PENDING) && dg__fence(ctx, op, x)) return NULL;
   dg_tensor *t = dg__arena_alloc(&ctx->arena, sizeof *t);
   if (!t) {
     dg__set_error(ctx, DG_ENOMEM, "%s: out of memory for a view header", op);
@@ -309,9 +307,7 @@ static void convert(void *dst, dg_dtype ddt, const dg_tensor *src) {
 }
 
 dg_tensor *dg_to_dtype(dg_ctx *ctx, dg_tensor *t, dg_dtype dt) {
-  if (!ctx || dg__null_input(ctx, "to_dtype", "t", t)) return NULL;
-  /* any dtype is accepted (no dg__check_f32), so the fence is explicit */
-  if ((t->flags & DG_TF_PENDING) && dg__fence(ctx, "to_dtype", t)) return NULL;
+  if (!dg__op_begin(ctx, "to_dtype", 1, &t, (const char *[]){"t"}, 0)) return NULL;
   dg_tensor *o = dg__new(ctx, "to_dtype", dt, t->ndim, t->shape);
   if (o) convert(o->data, dt, t);
   return o;
