@@ -125,6 +125,11 @@ dg_tensor *dg__saved(dg_ctx *ctx, dg_node *node, int k) {
 /* ---- gradient buffer pool (per step, arena memory) ---- */
 
 static int gpool_slot(dg_ctx *ctx, size_t bytes, int create) {
+  /* an empty block cannot hold the free-list link, and size 0 is what an
+   * unused slot reads: without this a 0-byte scratch (an op with an empty
+   * dim) joined an unused slot's list and was later handed out, 64 bytes
+   * long, for a larger size */
+  if (bytes < sizeof(void *)) return -1;
   for (int i = 0; i < 32; i++) {
     if (ctx->gpool[i].bytes == bytes) return i;
     if (!ctx->gpool[i].bytes) {

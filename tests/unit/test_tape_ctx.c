@@ -9,6 +9,7 @@
 #include <dgrad.h>
 #include <pthread.h>
 
+#include "core/core_impl.h"
 #include "test.h"
 
 typedef struct {
@@ -145,7 +146,30 @@ static void test_attach_lifetime(void) {
   dg_ctx_free(ctx);
 }
 
+/* Step scratch of 0 bytes (an op with an empty dim, e.g. a fused MLP with
+ * no hidden units) used to join an unused slot of the scratch pool: the
+ * next size to claim that slot inherited the empty block and handed it
+ * out, 64 bytes long, for its own size, and later tape nodes were
+ * overwritten (found by tests/diff, seed 229). */
+static void test_scratch_empty(void) {
+  dg_ctx *ctx = NULL;
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  void *empty = dg__scratch_take(ctx, 0);
+  REQUIRE(empty);
+  dg__scratch_give(ctx, empty, 0);
+  void *a = dg__scratch_take(ctx, 4096);
+  REQUIRE(a);
+  dg__scratch_give(ctx, a, 4096); /* claims a slot for 4096 bytes */
+  void *b = dg__scratch_take(ctx, 4096), *c = dg__scratch_take(ctx, 4096);
+  CHECK(b == a);     /* reused */
+  CHECK(c != empty); /* a real 4096-byte block, not the empty one */
+  CHECK(c != a);
+  memset(c, 1, 4096); /* ASan: inside the arena block */
+  dg_ctx_free(ctx);
+}
+
 int main(void) {
+  test_scratch_empty();
   test_interleaved();
   test_threads_forward();
   test_attach_lifetime();
