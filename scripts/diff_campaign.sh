@@ -57,8 +57,8 @@ start=$(date +%s)
     else
       r=FAILED status=1
     fi
-    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
-    skipped=$(grep -E '^[0-9]+ skipped' "$log" | tail -n 1 | cut -d' ' -f1)
+    line=$(grep -aE '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+    skipped=$(grep -aE '^[0-9]+ skipped' "$log" | tail -n 1 | cut -d' ' -f1)
     res="$name: $line, ${skipped:-0} skipped (fragile), $(( $(date +%s) - t0 ))s: $r"
     echo "$res"
     echo "$res" >&2
@@ -66,7 +66,7 @@ start=$(date +%s)
   echo "total $(( $(date +%s) - start ))s"
   echo
   echo "failures (full output in $log):"
-  grep -E '^(FAIL|  reproduce|minimised)' "$log" || echo "none"
+  grep -aE '^(FAIL|  reproduce|minimised)' "$log" || echo "none"
 } >"$out"
 cat "$out"
 echo "summary: $out, log: $log" >&2
