@@ -359,8 +359,10 @@ static void fire_ready(dg_ctx *ctx, dg_tape_store *ts, int id, int reached) {
     ctx->ready_hooks[h].ready(ctx->ready_hooks[h].user, ps, id, reached);
 }
 
-static int run_node(dg_ctx *ctx, dg_node *n) {
-  if (!n->out->grad) return DG_OK; /* not reached from the loss */
+/* Runs n's backward when the loss reaches its output; *ran says whether. */
+static int run_node(dg_ctx *ctx, dg_node *n, int *ran) {
+  *ran = n->out->grad != NULL;
+  if (!*ran) return DG_OK; /* not reached from the loss */
   int rc = prepare_inputs(ctx, n);
   if (rc < 0) return rc;
   rc = rc ? DG_OK : n->backward(ctx, n);
@@ -370,11 +372,6 @@ static int run_node(dg_ctx *ctx, dg_node *n) {
   if (n->release_out && (n->out->flags & DG_TF_ARENA) && n->out->grad &&
       (n->out->grad->flags & DG_TF_ARENA))
     gpool_give(ctx, n->out);
-  for (int k = 0; k < n->nin; k++) {
-    dg_tensor *t = n->in[k];
-    if (t && t->params && t->param_id >= 0 && t->params->trainable[t->param_id])
-      find_store(ctx, t->params)->reached[t->param_id] = 1;
-  }
   return DG_OK;
 }
 
@@ -394,16 +391,20 @@ static void finish_stores(dg_ctx *ctx) {
   }
 }
 
+/* Reverse walk: each node's backward, then for its parameter inputs the
+ * reached mark and, at their first use, the ready hook. */
 static int walk(dg_ctx *ctx) {
   for (int i = ctx->ntape - 1; i >= 0; i--) {
     dg_node *n = ctx->tape[i];
-    int rc = run_node(ctx, n);
+    int ran, rc = run_node(ctx, n, &ran);
     if (rc) return rc;
     for (int k = 0; k < n->nin; k++) {
       dg_tensor *t = n->in[k];
       if (!t || !t->params || t->param_id < 0) continue;
       dg_tape_store *ts = find_store(ctx, t->params);
-      if (ts->first_use[t->param_id] == i) fire_ready(ctx, ts, t->param_id, ts->reached[t->param_id]);
+      int id = t->param_id;
+      if (ran && t->params->trainable[id]) ts->reached[id] = 1;
+      if (ts->first_use[id] == i) fire_ready(ctx, ts, id, ts->reached[id]);
     }
   }
   return DG_OK;

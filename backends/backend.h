@@ -14,7 +14,6 @@
 #include "dgrad/common.h"
 
 struct dg__kern_blas;
-struct dg__kern_mem;
 struct dg__kern_norm;
 struct dg__kern_unary;
 struct dg__kern_binary;
@@ -34,9 +33,6 @@ struct dg__kern_optim;
 
 typedef struct dg__backend {
   const char *name; /* "cpu", "cuda" */
-  /* DG_OK when device `dev` can be used, else a DG_E* code and why in err
-   * (e.g. DG_EDEVICE "no CUDA device found") */
-  int (*probe)(int dev, char *err, size_t cap);
   /* Raw device memory: core's caching allocator (core/alloc.c) sits on top,
    * so these are called only when its cache has no block of the size. */
   void *(*raw_alloc)(int dev, size_t bytes);
@@ -44,10 +40,8 @@ typedef struct dg__backend {
   /* bytes from src on device sdev to dst on device ddev; one of the two is
    * this backend's device, the other this device or DG_CPU */
   int (*copy)(void *dst, int ddev, const void *src, int sdev, size_t bytes);
-  /* kernel tables, one per op family (NULL: the family is not supported on
-   * this device, and its ops fail with DG_EUNSUPPORTED naming the op) */
+  /* kernel tables, one per op family: a backend fills every one */
   const struct dg__kern_blas *blas;
-  const struct dg__kern_mem *mem;
   const struct dg__kern_norm *norm;
   const struct dg__kern_unary *unary;
   const struct dg__kern_binary *binary;

@@ -197,9 +197,6 @@ int dg__check_f32(dg_ctx *ctx, const char *op, const char *what, const dg_tensor
  * backend, or NULL with the error recorded (ctx NULL: NULL). */
 const dg__backend *dg__op_begin(dg_ctx *ctx, const char *op, int n, dg_tensor *const *in,
                                 const char *const *names, unsigned optional);
-/* DG_OK when the backend has the op's kernel table, else DG_EUNSUPPORTED
- * naming the op and the backend. */
-int dg__op_kernels(dg_ctx *ctx, const char *op, const dg__backend *be, const void *table);
 
 /* The fence, in two forms. Ops wait in their input check (dg__check_f32),
  * views in dg__alias and conversions in dg_to_dtype through dg__fence:

@@ -87,6 +87,21 @@ static int check_shape(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const
   return rc ? dg__set_error(ctx, rc, "%s: %s", op, msg) : DG_OK;
 }
 
+/* A contiguous cpu tensor header over data, in the arena (t). */
+static dg_tensor *arena_header(dg_tensor *t, void *data, dg_dtype dt, int ndim,
+                               const int64_t *shape) {
+  memset(t, 0, sizeof *t);
+  t->data = data;
+  t->ndim = ndim;
+  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+  dg__set_contig_strides(t);
+  t->dtype = dt;
+  t->device = DG_CPU;
+  t->flags = DG_TF_ARENA;
+  t->param_id = -1;
+  return t;
+}
+
 dg_tensor *dg__new(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const int64_t *shape) {
   if (check_shape(ctx, op, dt, ndim, shape)) return NULL;
   dg_tensor *t = dg__arena_alloc(&ctx->arena, sizeof *t);
@@ -98,16 +113,7 @@ dg_tensor *dg__new(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const int
                   (long long)n, dg_dtype_name(dt));
     return NULL;
   }
-  memset(t, 0, sizeof *t);
-  t->data = d;
-  t->ndim = ndim;
-  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-  dg__set_contig_strides(t);
-  t->dtype = dt;
-  t->device = DG_CPU;
-  t->flags = DG_TF_ARENA;
-  t->param_id = -1;
-  return t;
+  return arena_header(t, d, dt, ndim, shape);
 }
 
 dg_tensor *dg__new_like(dg_ctx *ctx, const char *op, const dg_tensor *x) {
@@ -210,15 +216,7 @@ dg_tensor *dg_wrap(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape, voi
     dg__set_error(ctx, DG_ENOMEM, "wrap: out of memory for a tensor header");
     return NULL;
   }
-  memset(t, 0, sizeof *t);
-  t->data = data;
-  t->ndim = ndim;
-  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-  dg__set_contig_strides(t);
-  t->dtype = dt;
-  t->flags = DG_TF_ARENA;
-  t->param_id = -1;
-  return t;
+  return arena_header(t, data, dt, ndim, shape);
 }
 
 dg_tensor *dg_rand(dg_ctx *ctx, int ndim, const int64_t *shape, float lo, float hi) {

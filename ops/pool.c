@@ -33,7 +33,6 @@ dg_tensor *dg_maxpool2d(dg_ctx *ctx, dg_tensor *x, int k, int s) {
                   "k >= 1, s >= 1, k <= H and k <= W", dg__shape_str(x, sx, sizeof sx), k, s);
     return NULL;
   }
-  if (dg__op_kernels(ctx, "maxpool2d", be, be->pool)) return NULL;
   dg__maxpool_args a = {.planes = x->shape[0] * x->shape[1], .H = x->shape[2], .W = x->shape[3],
                         .k = k, .s = s};
   a.OH = (a.H - k) / s + 1;

@@ -29,7 +29,7 @@ static int unary_backward(dg_ctx *ctx, dg_node *nd) {
 static dg_tensor *unary(dg_ctx *ctx, dg__unary_kind k, dg_tensor *x) {
   const char *name = unary_names[k];
   const dg__backend *be = dg__op_begin(ctx, name, 1, &x, (const char *[]){"x"}, 0);
-  if (!be || !dg__check_f32(ctx, name, "x", x) || dg__op_kernels(ctx, name, be, be->unary))
+  if (!be || !dg__check_f32(ctx, name, "x", x))
     return NULL;
   dg_tensor *y = dg__new_like(ctx, name, x);
   const float *xp = y ? dg__contig_data(ctx, name, x) : NULL;

@@ -13,10 +13,6 @@ int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const ch
                     int nstate, const char *const *state_names) {
   /* the store's device: its flat buffers are host memory (core/params.c) */
   const dg__backend *be = dg__backend_get(DG_CPU);
-  if (!be || !be->optim) {
-    DG_LOGE("optim %s: no optimizer kernels on the %s backend", name, be ? be->name : "?");
-    return DG_EUNSUPPORTED;
-  }
   dg_optim *o = dg__calloc(1, sizeof *o);
   if (!o) return DG_ENOMEM;
   o->kind = kind;
@@ -57,11 +53,6 @@ void dg__optim_param_range(const dg_optim *o, int i, size_t *lo, size_t *hi) {
 
 typedef dg__optim_range_fn range_fn;
 
-void dg__optim_run_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi,
-                         range_fn fn) {
-  fn(o, w, g, lo, hi);
-}
-
 /* Calls fn on maximal runs of trainable parameters that lie next to each
  * other in memory (separated at most by alignment padding, which is zero in
  * value, gradient and state, so updating it changes nothing). Parameters
@@ -78,12 +69,12 @@ static void for_each_run(dg_optim *o, float *w, const float *g, range_fn fn) {
       hi = phi;
       continue;
     }
-    if (open) dg__optim_run_range(o, w, g, lo, hi, fn);
+    if (open) fn(o, w, g, lo, hi);
     lo = plo;
     hi = phi;
     open = 1;
   }
-  if (open) dg__optim_run_range(o, w, g, lo, hi, fn);
+  if (open) fn(o, w, g, lo, hi);
 }
 
 static int store_unchanged(const dg_optim *o, size_t n) {
@@ -122,7 +113,7 @@ void dg__optim_step_span(dg_optim *o, size_t lo, size_t hi, float lr) {
   o->lr = lr;
   dg__optim_range_fn fn = dg__optim_range(o);
   if (fn) { /* element-wise: one run (padding between parameters is zero) */
-    dg__optim_run_range(o, w, g, lo, hi, fn);
+    fn(o, w, g, lo, hi);
   } else {
     for (int i = 0; i < o->nparams; i++) {
       size_t plo, phi;

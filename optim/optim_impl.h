@@ -48,13 +48,10 @@ struct dg_optim {
 typedef void (*dg__optim_range_fn)(struct dg_optim *o, float *w, const float *g, size_t lo,
                                    size_t hi);
 dg__optim_range_fn dg__optim_range(const struct dg_optim *o);
-/* Runs fn over [lo, hi) (its kernel splits a long range over the pool). */
-void dg__optim_run_range(struct dg_optim *o, float *w, const float *g, size_t lo, size_t hi,
-                         dg__optim_range_fn fn);
 
 /* Allocates the object and `nstate` zeroed state buffers of the store's flat
- * length, and finds the backend of the store's device (DG_EUNSUPPORTED when
- * it has no optimizer kernels). Names are static strings. */
+ * length, and finds the backend of the store's device. Names are static
+ * strings. */
 int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const char *name,
                     int nstate, const char *const *state_names);
 

@@ -5,11 +5,6 @@
 #include "backends/backend.h"
 #include "backends/cpu/cpu_impl.h"
 
-static int cpu_probe(int dev, char *err, size_t cap) {
-  if (dev == DG_CPU) return DG_OK;
-  return dg__fail_msg(err, cap, DG_EDEVICE, "cpu backend: device %d is not the cpu", dev);
-}
-
 /* DG_ALIGN-aligned blocks through the user's allocator hook: aligned by
  * hand, the original pointer kept just below the block. */
 static void *cpu_raw_alloc(int dev, size_t bytes) {
@@ -34,7 +29,6 @@ static int cpu_copy(void *dst, int ddev, const void *src, int sdev, size_t bytes
 
 const dg__backend dg__cpu_backend = {
     .name = "cpu",
-    .probe = cpu_probe,
     .raw_alloc = cpu_raw_alloc,
     .raw_free = cpu_raw_free,
     .copy = cpu_copy,
