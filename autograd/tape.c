@@ -202,7 +202,7 @@ float *dg__grad_buf_w(dg_ctx *ctx, dg_tensor *t, int *overwrite) {
     if (t->flags & DG_TF_ARENA) {
       g = grad_tensor_new(ctx, t);
       if (!g) return NULL;
-    } else if (dg_tensor_new(&g, DG_F32, t->ndim, t->shape)) {
+    } else if (dg_tensor_new(&g, DG_F32, t->ndim, t->shape, NULL, 0)) {
       dg__set_error(ctx, DG_ENOMEM, "backward: out of memory for a leaf gradient");
       return NULL;
     }
@@ -313,16 +313,16 @@ void dg__params_detach_all(dg_params *ps) {
   }
 }
 
-int dg_set_grad_enabled(dg_ctx *ctx, int on) {
+int dg_ctx_set_grad_enabled(dg_ctx *ctx, int on) {
   if (!ctx) return 0;
   int prev = ctx->grad_enabled;
   ctx->grad_enabled = !!on;
   return prev;
 }
-int dg_is_grad_enabled(const dg_ctx *ctx) { return ctx ? ctx->grad_enabled : 0; }
-int dg_tape_size(const dg_ctx *ctx) { return ctx ? ctx->ntape : 0; }
+int dg_ctx_is_grad_enabled(const dg_ctx *ctx) { return ctx ? ctx->grad_enabled : 0; }
+int dg_ctx_tape_size(const dg_ctx *ctx) { return ctx ? ctx->ntape : 0; }
 
-int dg_param_reached(const dg_params *ps, int i) {
+int dg_params_reached(const dg_params *ps, int i) {
   return (ps && i >= 0 && i < ps->n) ? ps->reached[i] : 0;
 }
 int dg_params_unreached_count(const dg_params *ps) { return ps ? ps->unreached : 0; }
@@ -376,7 +376,7 @@ static int run_node(dg_ctx *ctx, dg_node *n, int *ran) {
 }
 
 /* Fires the hooks of parameters backward never reached and publishes the
- * outcome on each store (dg_param_reached). */
+ * outcome on each store (dg_params_reached). */
 static void finish_stores(dg_ctx *ctx) {
   for (int s = 0; s < ctx->nstores; s++) {
     dg_tape_store *ts = &ctx->stores[s];
@@ -416,7 +416,7 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
   if (ctx->in_backward) return dg__set_error(ctx, DG_ESTATE, "backward: called from a hook");
   /* an earlier op error the caller moved past must not fail this backward:
    * backward reports only its own errors */
-  if (out) dg_clear_error(ctx);
+  if (out) dg_ctx_clear_error(ctx);
   if (!dg__wants_grad(out))
     return dg__set_error(ctx, DG_EINVAL,
                          "backward: the output does not require grad (no parameter or "
@@ -448,14 +448,14 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
   if (grad_out && !go) return ctx->err;
   for (int64_t i = 0; i < n; i++) g[i] += go ? go[i] : 1.0f;
 
-  int prev = dg_set_grad_enabled(ctx, 0);
+  int prev = dg_ctx_set_grad_enabled(ctx, 0);
   ctx->in_backward = 1;
   int rc = walk(ctx);
   if (!rc) finish_stores(ctx);
   for (int h = 0; !rc && h < ctx->nend_hooks; h++)
     rc = ctx->end_hooks[h].end(ctx->end_hooks[h].user, ctx);
   ctx->in_backward = 0;
-  dg_set_grad_enabled(ctx, prev);
+  dg_ctx_set_grad_enabled(ctx, prev);
   ctx->nstores = 0;
   for (int i = 0; i < ctx->ntape; i++) ctx->tape[i]->consumed = 1;
   ctx->ntape = 0;

@@ -68,7 +68,7 @@ static float step(dg_ctx *ctx, dg_module *net, dg_params *ps, dg_optim *opt, flo
   dg_tensor *h = dg_module_forward(net, ctx, dg_wrap(ctx, DG_F32, 4, xs, x));
   dg_tensor *loss = dg_cross_entropy(ctx, h, dg_wrap(ctx, DG_I64, 1, &B, y));
   if (!loss || dg_backward(ctx, loss) || dg_optim_step(opt)) {
-    fprintf(stderr, "cnn: step failed: %s\n", dg_errmsg(ctx));
+    fprintf(stderr, "cnn: step failed: %s\n", dg_ctx_errmsg(ctx));
     return NAN;
   }
   float lv = dg_tensor_item(loss);
@@ -119,7 +119,7 @@ int main(int argc, char **argv) {
   if (!rc) rc = dg_params_new(&ps);
   if (!rc) rc = build_cnn(&net);
   if (!rc) rc = dg_module_bind(net, ps, "layers", 1234);
-  if (!rc) rc = dg_optim_sgd_new(&opt, ps, &so);
+  if (!rc) rc = dg_optim_new_sgd(&opt, ps, &so, NULL, 0);
   float *x = malloc((size_t)batch * 784 * sizeof *x);
   int64_t *y = malloc((size_t)batch * sizeof *y);
   if (rc || !x || !y) {

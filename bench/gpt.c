@@ -48,7 +48,7 @@ static float step(dg_ctx *ctx, gpt_model *m, dg_optim *opt, int64_t *x, int64_t 
   dg_params_zero_grad(m->ps);
   dg_tensor *loss = gpt_loss(m, ctx, x, y, B, T);
   if (!loss || dg_backward(ctx, loss)) {
-    fprintf(stderr, "gpt: step failed: %s\n", dg_errmsg(ctx));
+    fprintf(stderr, "gpt: step failed: %s\n", dg_ctx_errmsg(ctx));
     return NAN;
   }
   float lv = dg_tensor_item(loss);
@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
   dg_optim *opt = NULL;
   int rc = gpt_new(&m, &cfg, 1234);
   if (!rc) rc = dg_ctx_new(&ctx, NULL);
-  if (!rc) rc = dg_optim_adamw_new(&opt, m.ps, NULL);
+  if (!rc) rc = dg_optim_new_adamw(&opt, m.ps, NULL, NULL, 0);
   size_t n = (size_t)batch * (size_t)context;
   int64_t *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
   float *u = malloc(2 * n * sizeof *u);

@@ -80,7 +80,7 @@ static int mlp_init(mlp *m) {
   }
   dg_sgd_opts so = dg_sgd_defaults();
   so.lr = 0.01f;
-  return dg_optim_sgd_new(&m->opt, m->ps, &so);
+  return dg_optim_new_sgd(&m->opt, m->ps, &so, NULL, 0);
 }
 
 /* One training step. x (B, 784) f32, y (B) i64 are caller memory. Returns the
@@ -96,7 +96,7 @@ static float step(dg_ctx *ctx, mlp *m, float *x, int64_t *y, int64_t B, float lr
   dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, &B, y);
   dg_tensor *loss = dg_cross_entropy(ctx, h, yt);
   if (!loss || dg_backward(ctx, loss)) {
-    fprintf(stderr, "mlp: step failed: %s\n", dg_errmsg(ctx));
+    fprintf(stderr, "mlp: step failed: %s\n", dg_ctx_errmsg(ctx));
     return NAN;
   }
   float lv = dg_tensor_item(loss);

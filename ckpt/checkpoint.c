@@ -143,7 +143,7 @@ static void hdr_meta(sbuf *b, const dg_checkpoint *c) {
   }
   if (c->optim) {
     hdr_meta_kv(b, "optim", dg_optim_name(c->optim), &first);
-    snprintf(v, sizeof v, "%.9g", (double)dg_optim_get_lr(c->optim));
+    snprintf(v, sizeof v, "%.9g", (double)dg_optim_lr(c->optim));
     hdr_meta_kv(b, "optim_lr", v, &first);
     snprintf(v, sizeof v, "%" PRId64, dg_optim_step_count(c->optim));
     hdr_meta_kv(b, "optim_step", v, &first);
@@ -630,7 +630,7 @@ static int resolve(ck_load *L, ck_entry *e, int *slot) {
   if (!t)
     return dg__fail_msg(L->err, L->cap, DG_ENOTFOUND, "%s: %s: tensor in file, not in model",
                   L->path, e->name);
-  int i = dg_param_index(t);
+  int i = dg_tensor_param_index(t);
   *slot = i + np * (k + 1);
   e->numel = dg_tensor_numel(t);
   e->dst = base ? base + dg_params_offset(c->params, i) : dg_tensor_data(t);

@@ -173,11 +173,16 @@ struct dg_params {
   dg__writer_fn writer;
   void *writer_user;
   int update_owned;   /* the writer applies the optimizer step (no global clipping) */
+  char errmsg[256];   /* the last failure of a call on the store */
 };
+
+/* Records the detail of a failing call on ps (dg_params_errmsg); returns code. */
+int dg__params_fail(dg_params *ps, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* ---- errors ---- */
 
-/* Records an error on ctx (first error wins until dg_clear_error / reset)
+/* Records an error on ctx (first error wins until dg_ctx_clear_error / reset)
  * and returns code. */
 int dg__set_error(dg_ctx *ctx, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

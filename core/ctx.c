@@ -48,10 +48,10 @@ void dg_ctx_reset(dg_ctx *ctx) {
   ctx->errmsg[0] = 0;
 }
 
-const char *dg_errmsg(const dg_ctx *ctx) { return ctx ? ctx->errmsg : "no context"; }
-int dg_errcode(const dg_ctx *ctx) { return ctx ? ctx->err : DG_EINVAL; }
+const char *dg_ctx_errmsg(const dg_ctx *ctx) { return ctx ? ctx->errmsg : "no context"; }
+int dg_ctx_errcode(const dg_ctx *ctx) { return ctx ? ctx->err : DG_EINVAL; }
 
-void dg_clear_error(dg_ctx *ctx) {
+void dg_ctx_clear_error(dg_ctx *ctx) {
   if (!ctx) return;
   ctx->err = DG_OK;
   ctx->errmsg[0] = 0;

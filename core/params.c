@@ -6,6 +6,17 @@
 
 #define PARAM_ALIGN 16 /* floats: 64 bytes, so every view is SIMD-aligned */
 
+int dg__params_fail(dg_params *ps, int code, const char *fmt, ...) {
+  if (!ps) return code;
+  va_list ap;
+  va_start(ap, fmt);
+  dg__vfmt(ps->errmsg, sizeof ps->errmsg, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+const char *dg_params_errmsg(const dg_params *ps) { return ps ? ps->errmsg : "no store"; }
+
 int dg_params_new(dg_params **out) {
   if (!out) return DG_EINVAL;
   *out = dg__calloc(1, sizeof **out);
@@ -16,7 +27,7 @@ void dg_params_free(dg_params *ps) {
   if (!ps) return;
   if (ps->nattached_to) {
     /* reported, and made safe: the contexts forget the store */
-    DG_LOGE("params_free: the store is still attached to %d context(s); detaching it (call "
+    DG_LOGW("params_free: the store is still attached to %d context(s); detaching it (call "
             "dg_ctx_detach_params, or free the DDP that attached it, first)", ps->nattached_to);
     dg__params_detach_all(ps);
   }
@@ -100,24 +111,18 @@ static dg_tensor *param_header(dg_params *ps, int ndim, const int64_t *shape, in
 int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shape,
                   dg_tensor **out) {
   if (out) *out = NULL;
-  if (!ps || !name || !*name || ndim < 0 || ndim > DG_MAX_DIMS || (ndim && !shape))
-    return DG_EINVAL;
-  if (ps->grad_lent) {
-    DG_LOGE("params_add: \"%s\": the gradient buffer is lent (to DDP): add parameters "
-            "before wrapping the model", name);
-    return DG_ESTATE;
-  }
-  if (dg_params_find(ps, name)) {
-    DG_LOGE("params_add: duplicate parameter name \"%s\"", name);
-    return DG_EINVAL;
-  }
+  if (!ps) return DG_EINVAL;
+  if (!name || !*name) return dg__params_fail(ps, DG_EINVAL, "params_add: the name is empty");
+  if (ps->grad_lent)
+    return dg__params_fail(ps, DG_ESTATE, "params_add: \"%s\": the gradient buffer is lent "
+                           "(to DDP): add parameters before wrapping the model", name);
+  if (dg_params_find(ps, name))
+    return dg__params_fail(ps, DG_EINVAL, "params_add: duplicate parameter name \"%s\"", name);
   char msg[256];
-  if (dg__shape_error(ndim, shape, DG_F32, msg, sizeof msg)) {
-    DG_LOGE("params_add: \"%s\": %s", name, msg);
-    return DG_EINVAL;
-  }
+  if (dg__shape_error(ndim, shape, DG_F32, msg, sizeof msg))
+    return dg__params_fail(ps, DG_EINVAL, "params_add: \"%s\": %s", name, msg);
   int64_t n = dg__shape_numel(ndim, shape, 1);
-  if (grow_arrays(ps)) return DG_ENOMEM;
+  if (grow_arrays(ps)) return dg__params_fail(ps, DG_ENOMEM, "params_add: out of memory");
   int id = ps->n;
   dg_tensor *t = param_header(ps, ndim, shape, id);
   dg_tensor *g = param_header(ps, ndim, shape, id);
@@ -160,7 +165,7 @@ nomem:
   dg__free(t);
   dg__free(g);
   dg__free(nm);
-  return DG_ENOMEM;
+  return dg__params_fail(ps, DG_ENOMEM, "params_add: \"%s\": out of memory", name);
 }
 
 int dg_params_count(const dg_params *ps) { return ps ? ps->n : 0; }
@@ -180,8 +185,8 @@ const char *dg_tensor_name(const dg_tensor *t) {
   return t->params->names[t->param_id];
 }
 
-int dg_param_index(const dg_tensor *t) { return (t && t->params) ? t->param_id : -1; }
-dg_params *dg_param_store(const dg_tensor *t) { return t ? t->params : NULL; }
+int dg_tensor_param_index(const dg_tensor *t) { return (t && t->params) ? t->param_id : -1; }
+dg_params *dg_tensor_param_store(const dg_tensor *t) { return t ? t->params : NULL; }
 
 size_t dg_params_offset(const dg_params *ps, int i) {
   return (ps && i >= 0 && i < ps->n) ? ps->offset[i] : 0;
@@ -225,7 +230,10 @@ int dg__params_flush(dg_params *ps, int i) {
   char err[512];
   err[0] = '\0';
   int rc = ps->writer(ps->writer_user, ps, i, err, sizeof err);
-  if (rc) DG_LOGE("%s", err[0] ? err : "parameter update failed");
+  if (rc) { /* a background update failed: logged, and kept as the store's detail */
+    dg__params_fail(ps, rc, "%s", err[0] ? err : "parameter update failed");
+    DG_LOGE("%s", ps->errmsg);
+  }
   return rc;
 }
 
@@ -313,7 +321,8 @@ int dg_params_remove_companion(dg_params *ps, float *buf) {
     ps->companions[i] = ps->companions[--ps->ncompanions];
     return DG_OK;
   }
-  return DG_ENOTFOUND;
+  return dg__params_fail(ps, DG_ENOTFOUND, "params_remove_companion: %p is not a companion",
+                         (void *)buf);
 }
 
 /* Copies each parameter's segment of buf from old to new offsets. */
@@ -335,7 +344,8 @@ int dg_params_relayout(dg_params *ps, const int *order) {
   for (int k = 0; !rc && k < ps->n; k++) {
     int i = order[k];
     if (i < 0 || i >= ps->n || seen[i]++) {
-      rc = DG_EINVAL;
+      rc = dg__params_fail(ps, DG_EINVAL, "params_relayout: order[%d] = %d is %s", k, i,
+                           i < 0 || i >= ps->n ? "out of range" : "a repeat");
       break;
     }
     newoff[i] = off;

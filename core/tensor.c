@@ -329,53 +329,60 @@ static int persistent_new(dg_tensor **out, dg_storage *st, void *data, dg_dtype 
   return DG_OK;
 }
 
-int dg_tensor_new(dg_tensor **out, dg_dtype dt, int ndim, const int64_t *shape) {
-  if (!out) return DG_EINVAL;
+int dg_tensor_new(dg_tensor **out, dg_dtype dt, int ndim, const int64_t *shape, char *err,
+                  size_t cap) {
+  if (!out) return dg__fail_msg(err, cap, DG_EINVAL, "tensor_new: out is NULL");
   *out = NULL;
   char msg[256];
   int rc = dg__shape_error(ndim, shape, dt, msg, sizeof msg);
-  if (rc) {
-    DG_LOGE("tensor_new: %s", msg);
-    return rc;
-  }
+  if (rc) return dg__fail_msg(err, cap, rc, "tensor_new: %s", msg);
   int64_t n = dg__shape_numel(ndim, shape, 1);
   dg_storage *st = dg__calloc(1, sizeof *st);
-  if (!st) return DG_ENOMEM;
+  if (!st) return dg__fail_msg(err, cap, DG_ENOMEM, "tensor_new: out of memory");
   st->nbytes = (size_t)n * dg_dtype_size(dt);
   st->base = dg__dev_alloc(DG_CPU, st->nbytes);
   if (!st->base) {
     dg__free(st);
-    return DG_ENOMEM;
+    return dg__fail_msg(err, cap, DG_ENOMEM, "tensor_new: out of memory for %zu bytes",
+                        (size_t)n * dg_dtype_size(dt));
   }
   memset(st->base, 0, st->nbytes);
   rc = persistent_new(out, st, st->base, dt, ndim, shape);
   if (rc) {
     dg__dev_free(DG_CPU, st->base, st->nbytes);
     dg__free(st);
+    return dg__fail_msg(err, cap, rc, "tensor_new: out of memory");
   }
-  return rc;
+  return DG_OK;
 }
 
 int dg_tensor_view(dg_tensor **out, dg_tensor *t, int64_t offset, int ndim,
-                   const int64_t *shape) {
-  if (!out) return DG_EINVAL;
+                   const int64_t *shape, char *err, size_t cap) {
+  if (!out) return dg__fail_msg(err, cap, DG_EINVAL, "tensor_view: out is NULL");
   *out = NULL;
-  if (!t || !t->storage || offset < 0) return DG_EINVAL;
+  if (!t || !t->storage)
+    return dg__fail_msg(err, cap, DG_EINVAL, "tensor_view: %s",
+                        t ? "an arena tensor has no storage to share (views of persistent "
+                            "tensors only)"
+                          : "t is NULL");
+  if (offset < 0)
+    return dg__fail_msg(err, cap, DG_EINVAL, "tensor_view: negative offset %lld",
+                        (long long)offset);
   char msg[256];
   int rc = dg__shape_error(ndim, shape, t->dtype, msg, sizeof msg);
-  if (rc) {
-    DG_LOGE("tensor_view: %s", msg);
-    return rc;
-  }
+  if (rc) return dg__fail_msg(err, cap, rc, "tensor_view: %s", msg);
   int64_t n = dg__shape_numel(ndim, shape, 1);
   size_t es = dg_dtype_size(t->dtype);
   size_t off = (size_t)((char *)t->data - (char *)t->storage->base);
   /* in bytes, without forming an out-of-range pointer */
   if ((uint64_t)offset > (t->storage->nbytes - off) / es ||
       (uint64_t)n > (t->storage->nbytes - off) / es - (uint64_t)offset)
-    return DG_ESHAPE;
+    return dg__fail_msg(err, cap, DG_ESHAPE,
+                        "tensor_view: %lld elements at offset %lld run past the %zu-byte "
+                        "storage", (long long)n, (long long)offset, t->storage->nbytes - off);
   char *d = (char *)t->data + offset * (int64_t)es;
-  return persistent_new(out, t->storage, d, t->dtype, ndim, shape);
+  rc = persistent_new(out, t->storage, d, t->dtype, ndim, shape);
+  return rc ? dg__fail_msg(err, cap, rc, "tensor_view: out of memory") : DG_OK;
 }
 
 void dg_tensor_free(dg_tensor *t) {
@@ -388,9 +395,14 @@ void dg_tensor_free(dg_tensor *t) {
   dg__free(t);
 }
 
-int dg_tensor_copy(dg_tensor *dst, const dg_tensor *src) {
-  if (!dst || !src) return DG_EINVAL;
-  if (!dg__same_shape(dst, src)) return DG_ESHAPE;
+int dg_tensor_copy(dg_tensor *dst, const dg_tensor *src, char *err, size_t cap) {
+  if (!dst || !src) return dg__fail_msg(err, cap, DG_EINVAL, "tensor_copy: NULL tensor");
+  if (!dg__same_shape(dst, src)) {
+    char a[96], b[96];
+    return dg__fail_msg(err, cap, DG_ESHAPE, "tensor_copy: dst %s and src %s differ in shape",
+                        dg_tensor_shape_str(dst, a, sizeof a),
+                        dg_tensor_shape_str(src, b, sizeof b));
+  }
   dg__settle(src);
   dg__settle(dst); /* else the pending update would land on the copy */
   if (dg__is_contig(dst)) {

@@ -231,7 +231,7 @@ static void decode_be(dg_idx_array *a) {
     }
 }
 
-int dg_idx_read(const char *path, dg_idx_array *out, char *err, size_t errcap) {
+int dg_idx_read(dg_idx_array *out, const char *path, char *err, size_t errcap) {
   if (err && errcap) err[0] = 0;
   if (!out) return dg__fail_msg(err, errcap, DG_EINVAL, "idx_read: NULL output");
   memset(out, 0, sizeof *out);

@@ -20,6 +20,7 @@ struct dg_loader {
   int64_t epoch, batch; /* position: next batch */
   void *buf[DG_DATA_MAX_FIELDS];    /* (batch_size, numel) each */
   size_t fbytes[DG_DATA_MAX_FIELDS]; /* bytes per sample per field */
+  char errmsg[256];                  /* last failure of dg_loader_next */
 };
 
 static uint32_t round_fn(const dg_loader *l, int64_t epoch, int r, uint32_t x) {
@@ -56,32 +57,41 @@ int64_t dg_loader_sample_index(const dg_loader *l, int64_t epoch, int64_t k) {
   return permute(l, epoch, t % l->ds.size);
 }
 
-static int check_opts(const dg_dataset *ds, const dg_loader_opts *op) {
-  if (!ds || !ds->get || ds->size <= 0 || ds->nfields <= 0 ||
-      ds->nfields > DG_DATA_MAX_FIELDS || ds->size >= ((int64_t)1 << 48))
-    return DG_EINVAL;
-  if (op->batch_size <= 0 || op->world_size <= 0 || op->rank < 0 ||
-      op->rank >= op->world_size)
-    return DG_EINVAL;
-  if (op->shard_drop && ds->size < op->world_size) return DG_EINVAL;
+static int check_opts(const dg_dataset *ds, const dg_loader_opts *op, char *err, size_t cap) {
+  if (!ds || !ds->get || ds->nfields <= 0 || ds->nfields > DG_DATA_MAX_FIELDS)
+    return dg__fail_msg(err, cap, DG_EINVAL,
+                        "loader_new: the dataset needs a get function and 1..%d fields",
+                        DG_DATA_MAX_FIELDS);
+  if (ds->size <= 0 || ds->size >= ((int64_t)1 << 48))
+    return dg__fail_msg(err, cap, DG_EINVAL, "loader_new: dataset size %lld outside [1, 2^48)",
+                        (long long)ds->size);
+  if (op->batch_size <= 0)
+    return dg__fail_msg(err, cap, DG_EINVAL, "loader_new: batch_size %lld must be positive",
+                        (long long)op->batch_size);
+  if (op->world_size <= 0 || op->rank < 0 || op->rank >= op->world_size)
+    return dg__fail_msg(err, cap, DG_EINVAL, "loader_new: rank %d of world_size %d",
+                        op->rank, op->world_size);
+  if (op->shard_drop && ds->size < op->world_size)
+    return dg__fail_msg(err, cap, DG_EINVAL,
+                        "loader_new: shard_drop with %lld samples for %d ranks leaves a "
+                        "rank none", (long long)ds->size, op->world_size);
   for (int f = 0; f < ds->nfields; f++)
-    if (dg_dtype_size(ds->field[f].dtype) == 0) return DG_EINVAL;
+    if (dg_dtype_size(ds->field[f].dtype) == 0)
+      return dg__fail_msg(err, cap, DG_EINVAL, "loader_new: field %d has an invalid dtype", f);
   return DG_OK;
 }
 
-int dg_loader_new(dg_loader **out, const dg_dataset *ds, const dg_loader_opts *opts) {
-  if (!out || !opts) return DG_EINVAL;
+int dg_loader_new(dg_loader **out, const dg_dataset *ds, const dg_loader_opts *opts, char *err,
+                  size_t cap) {
+  if (err && cap) err[0] = 0;
+  if (!out || !opts) return dg__fail_msg(err, cap, DG_EINVAL, "loader_new: NULL out or opts");
   *out = NULL;
   dg_loader_opts op = *opts;
   if (op.world_size == 0) op.world_size = 1;
-  if (check_opts(ds, &op)) {
-    DG_LOGE("loader_new: invalid dataset or options (size %lld, batch %lld, rank %d of %d)",
-            ds ? (long long)ds->size : -1LL, (long long)op.batch_size, op.rank,
-            op.world_size);
-    return DG_EINVAL;
-  }
+  int rc = check_opts(ds, &op, err, cap);
+  if (rc) return rc;
   dg_loader *l = dg__calloc(1, sizeof *l);
-  if (!l) return DG_ENOMEM;
+  if (!l) return dg__fail_msg(err, cap, DG_ENOMEM, "loader_new: out of memory");
   l->ds = *ds;
   l->op = op;
   int bits = 1;
@@ -96,7 +106,8 @@ int dg_loader_new(dg_loader **out, const dg_dataset *ds, const dg_loader_opts *o
     l->buf[f] = dg__malloc(l->fbytes[f] * (size_t)op.batch_size + 1);
     if (!l->buf[f]) {
       dg_loader_free(l);
-      return DG_ENOMEM;
+      return dg__fail_msg(err, cap, DG_ENOMEM, "loader_new: out of memory for field %d's "
+                          "batch buffer", f);
     }
   }
   *out = l;
@@ -112,10 +123,16 @@ void dg_loader_free(dg_loader *l) {
 int dg_loader_next(dg_loader *l, void *const *dst, int64_t *rows) {
   if (rows) *rows = 0;
   if (!l) return DG_EINVAL;
+  l->errmsg[0] = 0;
+  if (!rows) {
+    snprintf(l->errmsg, sizeof l->errmsg, "loader_next: rows is NULL (0 rows marks the end "
+             "of an epoch)");
+    return DG_EINVAL;
+  }
   if (l->batch >= l->nbatches) {
     l->epoch++;
     l->batch = 0;
-    return DG_LOADER_END;
+    return DG_OK; /* *rows == 0: the epoch is over */
   }
   void *const *out = dst ? dst : l->buf;
   const int64_t B = l->op.batch_size, k0 = l->batch * B;
@@ -124,13 +141,21 @@ int dg_loader_next(dg_loader *l, void *const *dst, int64_t *rows) {
   for (int64_t r = 0; r < nrow; r++) {
     for (int f = 0; f < l->ds.nfields; f++)
       slot[f] = (char *)out[f] + (size_t)r * l->fbytes[f];
-    int rc = l->ds.get(l->ds.self, dg_loader_sample_index(l, l->epoch, k0 + r), slot);
-    if (rc) return rc;
+    int64_t idx = dg_loader_sample_index(l, l->epoch, k0 + r);
+    int rc = l->ds.get(l->ds.self, idx, slot);
+    if (rc) {
+      snprintf(l->errmsg, sizeof l->errmsg, "loader_next: epoch %lld batch %lld: the "
+               "dataset failed on sample %lld: %s", (long long)l->epoch, (long long)l->batch,
+               (long long)idx, dg_err_name(rc));
+      return rc;
+    }
   }
   l->batch++;
   if (rows) *rows = nrow;
   return DG_OK;
 }
+
+const char *dg_loader_errmsg(const dg_loader *l) { return l ? l->errmsg : "no loader"; }
 
 void *dg_loader_buffer(dg_loader *l, int f) {
   return l && f >= 0 && f < l->ds.nfields ? l->buf[f] : NULL;

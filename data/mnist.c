@@ -70,12 +70,12 @@ static int set_norm(dg_mnist *ds, const dg_mnist_opts *op, char *err, size_t err
   return DG_OK;
 }
 
-int dg_mnist_open(const char *dir, int train, dg_mnist **out, char *err, size_t errcap) {
-  return dg_mnist_open_opts(dir, train, NULL, out, err, errcap);
+int dg_mnist_open(dg_mnist **out, const char *dir, int train, char *err, size_t errcap) {
+  return dg_mnist_open_opts(out, dir, train, NULL, err, errcap);
 }
 
-int dg_mnist_open_opts(const char *dir, int train, const dg_mnist_opts *opts,
-                       dg_mnist **out, char *err, size_t errcap) {
+int dg_mnist_open_opts(dg_mnist **out, const char *dir, int train, const dg_mnist_opts *opts,
+                       char *err, size_t errcap) {
   static const dg_mnist_opts defaults = {DG_MNIST_NORM_FASHION, 0.0f, 0.0f, 10};
   const dg_mnist_opts *op = opts ? opts : &defaults;
   int classes = op->num_classes > 0 ? op->num_classes : 10;
@@ -96,9 +96,9 @@ int dg_mnist_open_opts(const char *dir, int train, const dg_mnist_opts *opts,
   dg_idx_array lb;
   memset(&lb, 0, sizeof lb);
   int rc = set_norm(ds, op, err, errcap);
-  if (!rc) rc = dg_idx_read(ipath, &ds->images, err, errcap);
+  if (!rc) rc = dg_idx_read(&ds->images, ipath, err, errcap);
   if (!rc) rc = check_images(&ds->images, ipath, err, errcap);
-  if (!rc) rc = dg_idx_read(lpath, &lb, err, errcap);
+  if (!rc) rc = dg_idx_read(&lb, lpath, err, errcap);
   if (!rc) rc = check_labels(&lb, &ds->images, classes, lpath, ipath, err, errcap);
   if (!rc && !(ds->labels = dg__malloc(lb.count * sizeof(int64_t))))
     rc = dg__fail_msg(err, errcap, DG_ENOMEM, "%s: out of memory", lpath);

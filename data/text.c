@@ -94,7 +94,7 @@ static void build_vocab(dg_text *t) {
   for (size_t i = 0; i < t->n; i++) t->tok[i] = (uint8_t)t->id_of[t->tok[i]];
 }
 
-int dg_text_open(const char *path, const dg_text_opts *opts, dg_text **out, char *err,
+int dg_text_open(dg_text **out, const char *path, const dg_text_opts *opts, char *err,
                  size_t errcap) {
   if (err && errcap) err[0] = 0;
   if (!out) return dg__fail_msg(err, errcap, DG_EINVAL, "text_open: NULL output");

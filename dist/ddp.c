@@ -101,7 +101,7 @@ static void log_unused(dg_ddp *d) {
   size_t len = 0;
   names[0] = '\0';
   for (int i = 0; i < d->nparams && len + 2 < sizeof names; i++) {
-    if (!dg_params_trainable(d->ps, i) || dg_param_reached(d->ps, i)) continue;
+    if (!dg_params_trainable(d->ps, i) || dg_params_reached(d->ps, i)) continue;
     int w = snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "",
                      dg_tensor_name(dg_params_get(d->ps, i)));
     if (w > 0) len += (size_t)w;
@@ -199,12 +199,14 @@ static int setup(dg_ddp *d) {
   return DG_OK;
 }
 
-int dg_ddp_new(dg_ddp **out, dg_ctx *ctx, dg_params *ps, dg_pg *pg, const dg_ddp_opts *opts) {
+int dg_ddp_new(dg_ddp **out, dg_ctx *ctx, dg_params *ps, dg_pg *pg, const dg_ddp_opts *opts,
+               char *err, size_t cap) {
   if (out) *out = NULL;
-  if (!out || !ctx || !ps || !pg) return ctx ? dg__set_error(ctx, DG_EINVAL,
-                                                             "ddp_new: NULL argument") : DG_EINVAL;
+  if (!out || !ctx || !ps || !pg)
+    return dg__fail_msg(err, cap, DG_EINVAL, "ddp_new: NULL %s",
+                        !out ? "out" : !ctx ? "ctx" : !ps ? "store" : "group");
   dg_ddp *d = dg__calloc(1, sizeof *d);
-  if (!d) return dg__set_error(ctx, DG_ENOMEM, "ddp_new: out of memory");
+  if (!d) return dg__fail_msg(err, cap, DG_ENOMEM, "ddp_new: out of memory");
   d->ctx = ctx;
   d->ps = ps;
   d->pg = pg;
@@ -214,8 +216,9 @@ int dg_ddp_new(dg_ddp **out, dg_ctx *ctx, dg_params *ps, dg_pg *pg, const dg_ddp
   d->sync_on = 1;
   int rc = setup(d);
   if (rc) {
-    dg__set_error(ctx, rc, "%s", d->errmsg);
-    DG_LOGE("%s", d->errmsg);
+    /* the cause may lie on another rank: seen even when err is not read */
+    if (!err || !cap) DG_LOGW("%s", d->errmsg);
+    dg__fail_msg(err, cap, rc, "%s", d->errmsg);
     dg_ddp_free(d);
     return rc;
   }

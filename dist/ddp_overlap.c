@@ -59,7 +59,7 @@ int dg__ddp_defer_step(dg_ddp *d) {
     return dg__ddp_fail(d, rc, "ddp: rank %d: the optimizer's parameter store changed after "
                         "it was created", d->rank);
   }
-  d->pend_lr = dg_optim_get_lr(d->opt); /* a schedule may set the next rate before the update lands */
+  d->pend_lr = dg_optim_lr(d->opt); /* a schedule may set the next rate before the update lands */
   if (d->world == 1 || (!d->rebuilt && !d->opts.static_buckets)) {
     /* one rank has nothing to wait for; the first step re-lays the store
      * out (the rebuild), so its buckets must be final first */

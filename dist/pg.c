@@ -171,9 +171,9 @@ static int make_stores(dg_pg *pg, dg_store *base, const char *group) {
     pg->k_grp = pg->k_dev = base;
     return DG_OK;
   }
-  int rc = dg_prefix_store_new(&pg->s_pg, base, "default_pg");
-  if (rc == DG_OK) rc = dg_prefix_store_new(&pg->s_grp, pg->s_pg, group);
-  if (rc == DG_OK) rc = dg_prefix_store_new(&pg->s_dev, pg->s_grp, "0");
+  int rc = dg_store_new_prefix(&pg->s_pg, base, "default_pg");
+  if (rc == DG_OK) rc = dg_store_new_prefix(&pg->s_grp, pg->s_pg, group);
+  if (rc == DG_OK) rc = dg_store_new_prefix(&pg->s_dev, pg->s_grp, "0");
   pg->k_grp = pg->s_grp;
   pg->k_dev = pg->s_dev;
   return rc;
@@ -296,11 +296,9 @@ static int new_pg(dg_pg **out, const dg_pg_opts *o, dg_store *own, char *err, si
   return DG_OK;
 }
 
-int dg_pg_new_ex(dg_pg **out, const dg_pg_opts *o, char *err, size_t cap) {
+int dg_pg_new(dg_pg **out, const dg_pg_opts *o, char *err, size_t cap) {
   return new_pg(out, o, NULL, err, cap);
 }
-
-int dg_pg_new(dg_pg **out, const dg_pg_opts *o) { return new_pg(out, o, NULL, NULL, 0); }
 
 static int env_int(const char *a, const char *b, const char *c, int dflt) {
   const char *names[3] = {a, b, c};
@@ -331,10 +329,11 @@ int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap) {
   dg_tcp_store_opts so = {.host = addr, .port = port, .is_server = rank == 0,
                           .world_size = world, .wait_workers = 1, .timeout_ms = timeout_ms};
   dg_store *st = NULL;
-  int rc = dg_tcp_store_new(&st, &so);
+  char serr[384];
+  int rc = dg_store_new_tcp(&st, &so, serr, sizeof serr);
   if (rc != DG_OK)
-    return dg__fail_msg(err, cap, rc, "TCPStore %s:%d (%s): %s", addr, port,
-                rank == 0 ? "hosting" : "client", dg_err_name(rc));
+    return dg__fail_msg(err, cap, rc, "rank %d: TCPStore %s:%d (%s, from MASTER_ADDR/MASTER_PORT): %s",
+                        rank, addr, port, rank == 0 ? "hosting" : "client", serr);
   dg_pg_opts o = {.rank = rank, .world_size = world, .store = st, .timeout_ms = timeout_ms,
                   .route_to = addr};
   dg_pg_opts_from_env(&o);

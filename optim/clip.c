@@ -6,13 +6,14 @@
 
 int dg_clip_grad_norm(dg_params *ps, double max_norm, double *total_norm) {
   if (total_norm) *total_norm = 0;
-  if (!ps || !(max_norm >= 0)) return DG_EINVAL;
-  if (ps->update_owned) {
-    DG_LOGE("clip_grad_norm: a DDP applies this store's updates bucket by bucket "
-            "(dg_ddp_overlap_optimizer): there is no moment when every gradient is final "
-            "and none applied; clipping by global norm needs the plain loop");
-    return DG_ESTATE;
-  }
+  if (!ps) return DG_EINVAL;
+  if (!(max_norm >= 0))
+    return dg__params_fail(ps, DG_EINVAL, "clip_grad_norm: max_norm %g must be >= 0", max_norm);
+  if (ps->update_owned)
+    return dg__params_fail(ps, DG_ESTATE, "clip_grad_norm: a DDP applies this store's updates "
+                           "bucket by bucket (dg_ddp_overlap_optimizer): there is no moment "
+                           "when every gradient is final and none applied; clipping by "
+                           "global norm needs the plain loop");
   float *g = dg_params_grad(ps, NULL);
   int np = dg_params_count(ps);
   double sum = 0;

@@ -26,13 +26,16 @@ static int fused_end(void *user, dg_ctx *ctx) {
 }
 
 int dg_optim_fuse_backward(dg_optim *o, dg_ctx *ctx) {
-  if (!o || !ctx) return DG_EINVAL;
-  if (o->fused_ctx || o->ddp_owned) return DG_ESTATE;
-  if (!dg__optim_range(o)) {
-    DG_LOGE("optim_fuse_backward(%s): only element-wise optimizers (sgd, adamw) can step "
-            "inside backward; %s needs whole-parameter norms", o->name, o->name);
-    return DG_EUNSUPPORTED;
-  }
+  if (!o) return DG_EINVAL;
+  if (!ctx) return dg__optim_fail(o, DG_EINVAL, "optim_fuse_backward(%s): ctx is NULL", o->name);
+  if (o->fused_ctx || o->ddp_owned)
+    return dg__optim_fail(o, DG_ESTATE, "optim_fuse_backward(%s): already %s", o->name,
+                          o->fused_ctx ? "fused into a context's backward"
+                                       : "stepped by its DDP (dg_ddp_overlap_optimizer)");
+  if (!dg__optim_range(o))
+    return dg__optim_fail(o, DG_EUNSUPPORTED, "optim_fuse_backward(%s): only element-wise "
+                          "optimizers (sgd, adamw) can step inside backward; %s needs "
+                          "whole-parameter norms", o->name, o->name);
   int r = dg_ctx_add_grad_ready_hook(ctx, fused_ready, o);
   if (r < 0) return r;
   int e = dg_ctx_add_backward_end_hook(ctx, fused_end, o);
@@ -48,7 +51,9 @@ int dg_optim_fuse_backward(dg_optim *o, dg_ctx *ctx) {
 }
 
 int dg_optim_unfuse_backward(dg_optim *o) {
-  if (!o || !o->fused_ctx) return DG_EINVAL;
+  if (!o) return DG_EINVAL;
+  if (!o->fused_ctx)
+    return dg__optim_fail(o, DG_ESTATE, "optim_unfuse_backward(%s): not fused", o->name);
   dg_ctx_remove_hook(o->fused_ctx, o->fused_ready_id);
   dg_ctx_remove_hook(o->fused_ctx, o->fused_end_id);
   o->fused_ctx = NULL;

@@ -9,12 +9,22 @@
 #include "backends/kern_optim.h"
 #include "core/core_impl.h"
 
+int dg__optim_fail(dg_optim *o, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  dg__vfmt(o->errmsg, sizeof o->errmsg, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+const char *dg_optim_errmsg(const dg_optim *o) { return o ? o->errmsg : "no optimizer"; }
+
 int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const char *name,
-                    int nstate, const char *const *state_names) {
+                    int nstate, const char *const *state_names, char *err, size_t cap) {
   /* the store's device: its flat buffers are host memory (core/params.c) */
   const dg__backend *be = dg__backend_get(DG_CPU);
   dg_optim *o = dg__calloc(1, sizeof *o);
-  if (!o) return DG_ENOMEM;
+  if (!o) return dg__fail_msg(err, cap, DG_ENOMEM, "optim_new_%s: out of memory", name);
   o->kind = kind;
   o->be = be;
   o->name = name;
@@ -28,7 +38,8 @@ int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const ch
     /* a companion moves with its parameters when the store is re-laid out */
     if (!o->state[k] || dg_params_add_companion(ps, o->state[k]) != DG_OK) {
       dg_optim_free(o);
-      return DG_ENOMEM;
+      return dg__fail_msg(err, cap, DG_ENOMEM, "optim_new_%s: out of memory for %s", name,
+                          state_names[k]);
     }
   }
   *out = o;
@@ -77,20 +88,19 @@ static void for_each_run(dg_optim *o, float *w, const float *g, range_fn fn) {
   if (open) fn(o, w, g, lo, hi);
 }
 
-static int store_unchanged(const dg_optim *o, size_t n) {
+static int store_unchanged(dg_optim *o, size_t n) {
   if (n == o->n && dg_params_count(o->ps) == o->nparams) return 1;
-  DG_LOGE("optim_step(%s): the parameter store changed after the optimizer was "
-          "created (%d -> %d parameters)", o->name, o->nparams, dg_params_count(o->ps));
+  dg__optim_fail(o, DG_ESTATE, "optim_step(%s): the parameter store changed after the "
+                 "optimizer was created (%d -> %d parameters)", o->name, o->nparams,
+                 dg_params_count(o->ps));
   return 0;
 }
 
 int dg_optim_step(dg_optim *o) {
   if (!o) return DG_EINVAL;
-  if (o->ddp_owned) {
-    DG_LOGE("optim_step(%s): this optimizer is stepped by its DDP (dg_ddp_overlap_optimizer); "
-            "dg_ddp_step_ready is 0 for it", o->name);
-    return DG_ESTATE;
-  }
+  if (o->ddp_owned)
+    return dg__optim_fail(o, DG_ESTATE, "optim_step(%s): this optimizer is stepped by its DDP "
+                          "(dg_ddp_overlap_optimizer); dg_ddp_step_ready is 0 for it", o->name);
   size_t n;
   float *w = dg_params_data(o->ps, &n);
   const float *g = dg_params_grad(o->ps, NULL);
@@ -130,10 +140,13 @@ const char *dg_optim_name(const dg_optim *o) { return o ? o->name : "?"; }
 void dg_optim_set_lr(dg_optim *o, float lr) {
   if (o) o->lr = lr;
 }
-float dg_optim_get_lr(const dg_optim *o) { return o ? o->lr : 0.0f; }
+float dg_optim_lr(const dg_optim *o) { return o ? o->lr : 0.0f; }
 int64_t dg_optim_step_count(const dg_optim *o) { return o ? o->step : 0; }
 int dg_optim_set_step(dg_optim *o, int64_t step) {
-  if (!o || step < 0) return DG_EINVAL;
+  if (!o) return DG_EINVAL;
+  if (step < 0)
+    return dg__optim_fail(o, DG_EINVAL, "optim_set_step(%s): negative step %lld", o->name,
+                          (long long)step);
   (void)dg__params_flush(o->ps, DG__SETTLE_ALL); /* a pending update has its step */
   o->step = step;
   return DG_OK;
@@ -142,7 +155,10 @@ int dg_optim_set_step(dg_optim *o, int64_t step) {
 int dg_optim_state_count(const dg_optim *o) { return o ? o->nstate : 0; }
 
 int dg_optim_state_get(dg_optim *o, int k, const char **name, float **buf, size_t *n) {
-  if (!o || k < 0 || k >= o->nstate) return DG_EINVAL;
+  if (!o) return DG_EINVAL;
+  if (k < 0 || k >= o->nstate)
+    return dg__optim_fail(o, DG_EINVAL, "optim_state_get(%s): state %d outside [0, %d)",
+                          o->name, k, o->nstate);
   (void)dg__params_flush(o->ps, DG__SETTLE_ALL); /* a pending DDP update moves it */
   if (name) *name = o->state_name[k];
   if (buf) *buf = o->state[k];
@@ -165,18 +181,21 @@ static void sgd_range(dg_optim *o, float *w, const float *g, size_t lo, size_t h
 
 static void sgd_step(dg_optim *o, float *w, const float *g) { for_each_run(o, w, g, sgd_range); }
 
-int dg_optim_sgd_new(dg_optim **out, dg_params *ps, const dg_sgd_opts *opts) {
+int dg_optim_new_sgd(dg_optim **out, dg_params *ps, const dg_sgd_opts *opts, char *err,
+                     size_t cap) {
   dg_sgd_opts op = opts ? *opts : dg_sgd_defaults();
   if (out) *out = NULL;
-  if (!out || !ps || !(op.lr >= 0) || !(op.momentum >= 0) || !(op.weight_decay >= 0) ||
-      (op.nesterov && (op.momentum <= 0 || op.dampening != 0))) {
-    DG_LOGE("optim_sgd_new: invalid options (lr %g, momentum %g, dampening %g, "
-            "nesterov %d, weight_decay %g)", op.lr, op.momentum, op.dampening,
-            op.nesterov, op.weight_decay);
-    return DG_EINVAL;
-  }
+  if (!out || !ps) return dg__fail_msg(err, cap, DG_EINVAL, "optim_new_sgd: NULL out or store");
+  if (!(op.lr >= 0) || !(op.momentum >= 0) || !(op.weight_decay >= 0) ||
+      (op.nesterov && (op.momentum <= 0 || op.dampening != 0)))
+    return dg__fail_msg(err, cap, DG_EINVAL, "optim_new_sgd: invalid options (lr %g, momentum "
+                        "%g, dampening %g, nesterov %d, weight_decay %g): lr, momentum and "
+                        "weight_decay must be >= 0; nesterov needs momentum > 0 and no "
+                        "dampening", op.lr, op.momentum, op.dampening, op.nesterov,
+                        op.weight_decay);
   static const char *const names[] = {"momentum_buffer"};
-  int rc = dg__optim_alloc(out, ps, DG__OPT_SGD, "sgd", op.momentum != 0 ? 1 : 0, names);
+  int rc = dg__optim_alloc(out, ps, DG__OPT_SGD, "sgd", op.momentum != 0 ? 1 : 0, names, err,
+                           cap);
   if (rc) return rc;
   (*out)->sgd = op;
   (*out)->lr = op.lr;
@@ -212,16 +231,21 @@ int dg__adam_opts_ok(const dg_adamw_opts *a) {
          a->eps >= 0 && a->weight_decay >= 0;
 }
 
-int dg_optim_adamw_new(dg_optim **out, dg_params *ps, const dg_adamw_opts *opts) {
+int dg__adam_opts_fail(const dg_adamw_opts *a, const char *name, char *err, size_t cap) {
+  return dg__fail_msg(err, cap, DG_EINVAL, "optim_new_%s: invalid options (lr %g, betas %g %g, "
+                      "eps %g, weight_decay %g): betas must lie in [0, 1), the rest >= 0",
+                      name, a->lr, a->beta1, a->beta2, a->eps, a->weight_decay);
+}
+
+int dg_optim_new_adamw(dg_optim **out, dg_params *ps, const dg_adamw_opts *opts, char *err,
+                       size_t cap) {
   dg_adamw_opts op = opts ? *opts : dg_adamw_defaults();
   if (out) *out = NULL;
-  if (!out || !ps || !dg__adam_opts_ok(&op)) {
-    DG_LOGE("optim_adamw_new: invalid options (lr %g, betas %g %g, eps %g, wd %g)", op.lr,
-            op.beta1, op.beta2, op.eps, op.weight_decay);
-    return DG_EINVAL;
-  }
+  if (!out || !ps)
+    return dg__fail_msg(err, cap, DG_EINVAL, "optim_new_adamw: NULL out or store");
+  if (!dg__adam_opts_ok(&op)) return dg__adam_opts_fail(&op, "adamw", err, cap);
   static const char *const names[] = {"exp_avg", "exp_avg_sq"};
-  int rc = dg__optim_alloc(out, ps, DG__OPT_ADAMW, "adamw", 2, names);
+  int rc = dg__optim_alloc(out, ps, DG__OPT_ADAMW, "adamw", 2, names, err, cap);
   if (rc) return rc;
   (*out)->adam = op;
   (*out)->lr = op.lr;

@@ -40,7 +40,12 @@ struct dg_optim {
   void (*owner_release)(void *owner); /* called by dg_optim_free: the owner
                                          applies what is pending, lets go */
   void *owner;
+  char errmsg[256]; /* the last failing call on the optimizer */
 };
+
+/* Records the detail of a failing call on o (dg_optim_errmsg); returns code. */
+int dg__optim_fail(struct dg_optim *o, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Element-wise update of [lo, hi) of the flat buffers (SGD, AdamW; the
  * backend's kernel splits a long range over the device); NULL for the kinds
@@ -53,10 +58,12 @@ dg__optim_range_fn dg__optim_range(const struct dg_optim *o);
  * length, and finds the backend of the store's device. Names are static
  * strings. */
 int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const char *name,
-                    int nstate, const char *const *state_names);
+                    int nstate, const char *const *state_names, char *err, size_t cap);
 
 /* AdamW/LAMB hyperparameters in range. */
 int dg__adam_opts_ok(const dg_adamw_opts *a);
+/* The constructor's DG_EINVAL naming the options, into err. */
+int dg__adam_opts_fail(const dg_adamw_opts *a, const char *name, char *err, size_t cap);
 
 /* LAMB and LARS: one parameter's update over its range [lo, hi). */
 void dg__lamb_param(struct dg_optim *o, float *w, const float *g, size_t lo, size_t hi);

@@ -30,16 +30,15 @@ static void lamb_step(dg_optim *o, float *w, const float *g) {
   }
 }
 
-int dg_optim_lamb_new(dg_optim **out, dg_params *ps, const dg_lamb_opts *opts) {
+int dg_optim_new_lamb(dg_optim **out, dg_params *ps, const dg_lamb_opts *opts, char *err,
+                      size_t cap) {
   dg_lamb_opts op = opts ? *opts : dg_lamb_defaults();
   if (out) *out = NULL;
-  if (!out || !ps || !dg__adam_opts_ok(&op)) {
-    DG_LOGE("optim_lamb_new: invalid options (lr %g, betas %g %g, eps %g, wd %g)", op.lr,
-            op.beta1, op.beta2, op.eps, op.weight_decay);
-    return DG_EINVAL;
-  }
+  if (!out || !ps)
+    return dg__fail_msg(err, cap, DG_EINVAL, "optim_new_lamb: NULL out or store");
+  if (!dg__adam_opts_ok(&op)) return dg__adam_opts_fail(&op, "lamb", err, cap);
   static const char *const names[] = {"exp_avg", "exp_avg_sq"};
-  int rc = dg__optim_alloc(out, ps, DG__OPT_LAMB, "lamb", 2, names);
+  int rc = dg__optim_alloc(out, ps, DG__OPT_LAMB, "lamb", 2, names, err, cap);
   if (rc) return rc;
   (*out)->adam = op;
   (*out)->lr = op.lr;
@@ -93,26 +92,29 @@ static void lars_exclusions(dg_optim *o, const dg_lars_opts *op) {
   }
 }
 
-int dg_optim_lars_new(dg_optim **out, dg_params *ps, const dg_lars_opts *opts) {
+int dg_optim_new_lars(dg_optim **out, dg_params *ps, const dg_lars_opts *opts, char *err,
+                      size_t cap) {
   dg_lars_opts op = opts ? *opts : dg_lars_defaults();
   if (out) *out = NULL;
   if (op.trust_coef == 0) op.trust_coef = 1e-3f;
-  if (!out || !ps || !(op.lr >= 0) || !(op.momentum >= 0) || !(op.weight_decay >= 0) ||
+  if (!out || !ps)
+    return dg__fail_msg(err, cap, DG_EINVAL, "optim_new_lars: NULL out or store");
+  if (!(op.lr >= 0) || !(op.momentum >= 0) || !(op.weight_decay >= 0) ||
       !(op.trust_coef > 0) || !(op.eps >= 0) || op.n_exclude_suffixes < 0 ||
-      (op.n_exclude_suffixes > 0 && !op.exclude_suffixes)) {
-    DG_LOGE("optim_lars_new: invalid options (lr %g, momentum %g, wd %g, trust %g)", op.lr,
-            op.momentum, op.weight_decay, op.trust_coef);
-    return DG_EINVAL;
-  }
+      (op.n_exclude_suffixes > 0 && !op.exclude_suffixes))
+    return dg__fail_msg(err, cap, DG_EINVAL, "optim_new_lars: invalid options (lr %g, momentum "
+                        "%g, weight_decay %g, trust_coef %g, eps %g, %d exclude suffixes at %p)",
+                        op.lr, op.momentum, op.weight_decay, op.trust_coef, op.eps,
+                        op.n_exclude_suffixes, (const void *)op.exclude_suffixes);
   static const char *const names[] = {"momentum_buffer"};
-  int rc = dg__optim_alloc(out, ps, DG__OPT_LARS, "lars", 1, names);
+  int rc = dg__optim_alloc(out, ps, DG__OPT_LARS, "lars", 1, names, err, cap);
   if (rc) return rc;
   dg_optim *o = *out;
   o->excluded = dg__calloc(o->nparams ? (size_t)o->nparams : 1, 1);
   if (!o->excluded) {
     dg_optim_free(o);
     *out = NULL;
-    return DG_ENOMEM;
+    return dg__fail_msg(err, cap, DG_ENOMEM, "optim_new_lars: out of memory");
   }
   lars_exclusions(o, &op);
   op.exclude_suffixes = NULL;

@@ -106,7 +106,7 @@ static float step(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_
   int brc = loss ? dg_backward(ctx, loss) : -1;
   g_bwd_s += now_s() - tb; /* with DDP: its wait at backward end included */
   if (brc) {
-    fprintf(stderr, "ddp_mlp: step failed: %s\n", dg_errmsg(ctx));
+    fprintf(stderr, "ddp_mlp: step failed: %s\n", dg_ctx_errmsg(ctx));
     return NAN;
   }
   float lv = dg_tensor_item(loss);
@@ -161,7 +161,7 @@ static double time_comm(dg_pg *pg, dg_ddp *ddp, mlp *m, const bopts *o) {
 }
 
 static int make_pg(int r, const bopts *o, const char *dir, dg_store **st, dg_pg **pg) {
-  int rc = dg_file_store_new(st, dir, 60000);
+  int rc = dg_store_new_file(st, dir, 60000, NULL, 0);
   dg_pg_opts po;
   memset(&po, 0, sizeof po);
   po.rank = r;
@@ -171,7 +171,7 @@ static int make_pg(int r, const bopts *o, const char *dir, dg_store **st, dg_pg 
   po.link = simlink_from_env();
   dg_pg_opts_from_env(&po);
   char err[256] = "";
-  if (!rc) rc = dg_pg_new_ex(pg, &po, err, sizeof err);
+  if (!rc) rc = dg_pg_new(pg, &po, err, sizeof err);
   if (!rc && o->ring) rc = dg_pg_set_algo(*pg, DG_ALGO_RING);
   if (rc) fprintf(stderr, "ddp_mlp: rank %d: group: %s %s\n", r, dg_strerror(rc), err);
   return rc;
@@ -229,7 +229,7 @@ static int rank_main(int r, const bopts *o, const char *dir) {
   dg_sgd_opts so = dg_sgd_defaults();
   so.lr = 0.01f;
   if (mlp_init(&m, o) || dg_ctx_new(&ctx, NULL) || dg_ctx_new(&ctx2, NULL) ||
-      dg_optim_sgd_new(&opt, m.ps, &so) || dg_optim_sgd_new(&opt2, m.ps, &so))
+      dg_optim_new_sgd(&opt, m.ps, &so, NULL, 0) || dg_optim_new_sgd(&opt2, m.ps, &so, NULL, 0))
     return 11;
   size_t nx = (size_t)o->batch * (size_t)o->dims[0];
   float *x = malloc(nx * sizeof *x);
@@ -246,8 +246,9 @@ static int rank_main(int r, const bopts *o, const char *dir) {
     d.no_join = o->no_join;
     const char *e = getenv("DG_DDP_SHM_INLINE"); /* "1": no engine thread, "0": one */
     if (e && (*e == '0' || *e == '1')) d.engine_thread = *e == '1' ? -1 : 1;
-    if (dg_ddp_new(&ddp, ctx, m.ps, pg, &d)) {
-      fprintf(stderr, "ddp_mlp: rank %d: %s\n", r, dg_errmsg(ctx));
+    char err[512];
+    if (dg_ddp_new(&ddp, ctx, m.ps, pg, &d, err, sizeof err)) {
+      fprintf(stderr, "ddp_mlp: rank %d: %s\n", r, err);
       return 12;
     }
     if (o->overlap_fwd && dg_ddp_overlap_optimizer(ddp, opt)) return 12;

@@ -241,16 +241,19 @@ static const dg_store_vt file_vt = {
     .check = fs_check, .wait = fs_wait, .del = fs_del, .num_keys = fs_num_keys,
     .port = NULL, .destroy = fs_destroy};
 
-int dg_file_store_new(dg_store **out, const char *dir, int timeout_ms) {
-  if (!out || !dir || !*dir) return DG_EINVAL;
+int dg_store_new_file(dg_store **out, const char *dir, int timeout_ms, char *err, size_t cap) {
+  if (!out || !dir || !*dir)
+    return dg__fail_msg(err, cap, DG_EINVAL, "store_new_file: need out and a directory");
   *out = NULL;
-  if (mkdir(dir, 0755) < 0 && errno != EEXIST) return DG_EIO;
+  if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+    return dg__fail_msg(err, cap, DG_EIO, "store_new_file: mkdir %s: %s", dir, strerror(errno));
   char real[PATH_MAX];
-  if (!realpath(dir, real)) return DG_EIO;
+  if (!realpath(dir, real))
+    return dg__fail_msg(err, cap, DG_EIO, "store_new_file: %s: %s", dir, strerror(errno));
   file_store *f = dg__calloc(1, sizeof *f);
   if (!f || !(f->dir = dg__strdup(real))) {
     dg__free(f);
-    return DG_ENOMEM;
+    return dg__fail_msg(err, cap, DG_ENOMEM, "store_new_file: out of memory");
   }
   dg__store_init(&f->base, &file_vt, timeout_ms);
   *out = &f->base;

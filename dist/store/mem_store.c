@@ -181,7 +181,7 @@ static int new_handle(dg_store **out, mem_shared *sh, int timeout_ms) {
   return DG_OK;
 }
 
-int dg_mem_store_new(dg_store **out, int timeout_ms) {
+int dg_store_new_mem(dg_store **out, int timeout_ms) {
   if (!out) return DG_EINVAL;
   *out = NULL;
   mem_shared *sh = dg__calloc(1, sizeof *sh);
@@ -198,7 +198,7 @@ int dg_mem_store_new(dg_store **out, int timeout_ms) {
   return rc;
 }
 
-int dg_mem_store_clone(dg_store **out, dg_store *s) {
+int dg_store_clone(dg_store **out, dg_store *s) {
   if (!out || !s || s->vt != &mem_vt) return DG_EINVAL;
   mem_shared *sh = SH(s);
   pthread_mutex_lock(&sh->mu);

@@ -119,7 +119,7 @@ static const dg_store_vt prefix_vt = {
     .compare_set = pfx_cas, .check = pfx_check, .wait = pfx_wait, .del = pfx_del,
     .num_keys = pfx_num_keys, .port = pfx_port, .destroy = pfx_destroy};
 
-int dg_prefix_store_new(dg_store **out, dg_store *base, const char *prefix) {
+int dg_store_new_prefix(dg_store **out, dg_store *base, const char *prefix) {
   if (!out || !base || !prefix) return DG_EINVAL;
   *out = NULL;
   prefix_store *p = dg__calloc(1, sizeof *p);

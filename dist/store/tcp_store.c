@@ -280,12 +280,14 @@ static int wait_workers(dg_store *s, int world, int is_server) {
   return rc;
 }
 
-int dg_tcp_store_new(dg_store **out, const dg_tcp_store_opts *o) {
+int dg_store_new_tcp(dg_store **out, const dg_tcp_store_opts *o, char *err, size_t cap) {
   if (!out || !o || o->port < 0 || o->port > 65535 || (o->wait_workers && o->world_size < 1))
-    return DG_EINVAL;
+    return dg__fail_msg(err, cap, DG_EINVAL,
+                        "store_new_tcp: need out, options, 0 <= port <= 65535 and world_size "
+                        ">= 1 with wait_workers");
   *out = NULL;
   tcp_store *t = dg__calloc(1, sizeof *t);
-  if (!t) return DG_ENOMEM;
+  if (!t) return dg__fail_msg(err, cap, DG_ENOMEM, "store_new_tcp: out of memory");
   dg__store_init(&t->base, &tcp_vt, o->timeout_ms);
   pthread_mutex_init(&t->mu, NULL);
   t->fd = -1;
@@ -293,12 +295,16 @@ int dg_tcp_store_new(dg_store **out, const dg_tcp_store_opts *o) {
   snprintf(t->host, sizeof t->host, "%s", o->host && *o->host ? o->host : "127.0.0.1");
   int rc = DG_OK;
   if (o->is_server) rc = dg__ts_server_start(&t->server, &t->port);
+  if (rc != DG_OK) dg__store_fail(&t->base, rc, "cannot listen on port %d", o->port);
   if (rc == DG_OK && dg__resolve(t->host, t->port, &t->addr, &t->alen) < 0)
-    rc = DG_EINVAL;
+    rc = dg__store_fail(&t->base, DG_EINVAL, "cannot resolve host \"%s\"", t->host);
   if (rc == DG_OK) rc = ensure_conn(&t->base, dg__deadline(0, t->base.timeout_ms));
   if (rc == DG_OK && o->wait_workers) rc = wait_workers(&t->base, o->world_size, o->is_server);
   if (rc != DG_OK) {
-    DG_LOGW("tcp store %s:%d: %s", t->host, t->port, dg_store_errmsg(&t->base));
+    dg__fail_msg(err, cap, rc, "tcp store %s:%d: %s", t->host, t->port,
+                 dg_store_errmsg(&t->base));
+    if (!err || !cap)
+      DG_LOGW("tcp store %s:%d: %s", t->host, t->port, dg_store_errmsg(&t->base));
     ts_destroy(&t->base);
     return rc;
   }

@@ -67,9 +67,9 @@ static int open_group(dg_pg **pg, dg_store **own) {
   dg_pg_opts o;
   memset(&o, 0, sizeof o);
   o.world_size = 1;
-  if (dg_mem_store_new(own, 0) != DG_OK) return 1;
+  if (dg_store_new_mem(own, 0) != DG_OK) return 1;
   o.store = *own;
-  if (dg_pg_new_ex(pg, &o, err, sizeof err) == DG_OK) return 0;
+  if (dg_pg_new(pg, &o, err, sizeof err) == DG_OK) return 0;
   fprintf(stderr, "ddp_mlp: process group: %s\n", err);
   return 1;
 }
@@ -120,7 +120,7 @@ static int train_step(dg_ctx *ctx, model *m, dg_ddp *ddp, dg_optim *opt, dg_pg *
   dg_tensor *h = dg_relu(ctx, dg_linear(ctx, x, m->w1, m->b1));
   dg_tensor *loss = dg_cross_entropy(ctx, dg_linear(ctx, h, m->w2, m->b2), y);
   if (!loss || dg_backward(ctx, loss) != DG_OK) {
-    fprintf(stderr, "ddp_mlp: rank %d: %s\n", dg_pg_rank(pg), dg_errmsg(ctx));
+    fprintf(stderr, "ddp_mlp: rank %d: %s\n", dg_pg_rank(pg), dg_ctx_errmsg(ctx));
     return 1;
   }
   float lv = dg_tensor_item(loss);
@@ -158,9 +158,11 @@ int main(int argc, char **argv) {
   if (e && (*e == '0' || *e == '1')) dopt.engine_thread = *e == '1' ? -1 : 1;
   dg_adamw_opts ao = dg_adamw_defaults();
   ao.lr = 3e-3f;
-  if (dg_loader_new(&ld, &ds, &lo) || model_init(&m) || dg_ctx_new(&ctx, NULL) ||
-      dg_optim_adamw_new(&opt, m.ps, &ao) || dg_ddp_new(&ddp, ctx, m.ps, pg, &dopt)) {
-    fprintf(stderr, "ddp_mlp: setup failed: %s\n", ctx ? dg_errmsg(ctx) : "");
+  char err[512] = "";
+  if (dg_loader_new(&ld, &ds, &lo, err, sizeof err) || model_init(&m) ||
+      dg_ctx_new(&ctx, NULL) || dg_optim_new_adamw(&opt, m.ps, &ao, err, sizeof err) ||
+      dg_ddp_new(&ddp, ctx, m.ps, pg, &dopt, err, sizeof err)) {
+    fprintf(stderr, "ddp_mlp: setup failed: %s\n", err[0] ? err : "out of memory");
     return 1;
   }
   if (dg_pg_rank(pg) == 0)
@@ -171,7 +173,7 @@ int main(int argc, char **argv) {
   int rc = 0;
   for (int e = 0; e < a.epochs && !rc; e++) {
     int64_t rows;
-    while (!rc && dg_loader_next(ld, NULL, &rows) == DG_OK)
+    while (!rc && dg_loader_next(ld, NULL, &rows) == DG_OK && rows > 0)
       rc = train_step(ctx, &m, ddp, opt, pg, ld, rows, &step);
   }
   if (!rc && dg_ddp_join(ddp) != DG_OK) {

@@ -117,7 +117,7 @@ static int build_optim(const mnist_opts *o, dg_params *ps, dg_optim **out, char 
     snprintf(hp, cap, "lr=%g momentum=%g dampening=%g nesterov=%d weight_decay=%g",
              (double)s.lr, (double)s.momentum, (double)s.dampening, s.nesterov,
              (double)s.weight_decay);
-    return dg_optim_sgd_new(out, ps, &s);
+    return dg_optim_new_sgd(out, ps, &s, NULL, 0);
   }
   if (!strcmp(o->optim, "adamw") || !strcmp(o->optim, "lamb")) {
     int adamw = !strcmp(o->optim, "adamw");
@@ -125,14 +125,14 @@ static int build_optim(const mnist_opts *o, dg_params *ps, dg_optim **out, char 
     a.lr = o->lr;
     snprintf(hp, cap, "lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g", (double)a.lr,
              (double)a.beta1, (double)a.beta2, (double)a.eps, (double)a.weight_decay);
-    return adamw ? dg_optim_adamw_new(out, ps, &a) : dg_optim_lamb_new(out, ps, &a);
+    return adamw ? dg_optim_new_adamw(out, ps, &a, NULL, 0) : dg_optim_new_lamb(out, ps, &a, NULL, 0);
   }
   dg_lars_opts l = dg_lars_defaults();
   l.lr = o->lr;
   snprintf(hp, cap, "lr=%g momentum=%g weight_decay=%g trust_coef=%g eps=%g adapt_1d=%d",
            (double)l.lr, (double)l.momentum, (double)l.weight_decay, (double)l.trust_coef,
            (double)l.eps, l.adapt_1d);
-  return dg_optim_lars_new(out, ps, &l);
+  return dg_optim_new_lars(out, ps, &l, NULL, 0);
 }
 
 /* ---- training state ---- */
@@ -176,8 +176,8 @@ static int dist_setup(trainer *t) {
 
 static int open_data(trainer *t) {
   char err[512];
-  int rc = dg_mnist_open(t->o.data, 1, &t->train, err, sizeof err);
-  if (!rc) rc = dg_mnist_open(t->o.data, 0, &t->test, err, sizeof err);
+  int rc = dg_mnist_open(&t->train, t->o.data, 1, err, sizeof err);
+  if (!rc) rc = dg_mnist_open(&t->test, t->o.data, 0, err, sizeof err);
   if (rc) {
     fprintf(stderr, "mnist: %s\n", err);
     return rc;
@@ -185,10 +185,10 @@ static int open_data(trainer *t) {
   dg_mnist_dataset(t->train, &t->train_ds);
   dg_mnist_dataset(t->test, &t->test_ds);
   dg_loader_opts lo = {t->o.batch, 1, t->o.seed, 1, t->rank, t->world, 0};
-  rc = dg_loader_new(&t->loader, &t->train_ds, &lo);
+  rc = dg_loader_new(&t->loader, &t->train_ds, &lo, err, sizeof err);
   dg_loader_opts to = {500, 0, 0, 0, 0, 1, 0};
-  if (!rc) rc = dg_loader_new(&t->test_loader, &t->test_ds, &to);
-  if (rc) fprintf(stderr, "mnist: loader: %s\n", dg_strerror(rc));
+  if (!rc) rc = dg_loader_new(&t->test_loader, &t->test_ds, &to, err, sizeof err);
+  if (rc) fprintf(stderr, "mnist: %s\n", err);
   return rc;
 }
 
@@ -210,8 +210,9 @@ static int trainer_init(trainer *t) {
    * thread, "0" always one; the rest are dg_pg_new_from_env's */
   const char *e = getenv("DG_DDP_SHM_INLINE");
   if (e && (*e == '0' || *e == '1')) dopt.engine_thread = *e == '1' ? -1 : 1;
-  if (t->pg && (rc = dg_ddp_new(&t->ddp, t->ctx, t->ps, t->pg, &dopt))) {
-    fprintf(stderr, "mnist: ddp: %s\n", dg_errmsg(t->ctx));
+  char err[512];
+  if (t->pg && (rc = dg_ddp_new(&t->ddp, t->ctx, t->ps, t->pg, &dopt, err, sizeof err))) {
+    fprintf(stderr, "mnist: ddp: %s\n", err);
     return rc;
   }
   if (t->o.overlap && !t->ddp) {
@@ -326,10 +327,10 @@ static int train_step(trainer *t, int64_t rows, float *loss) {
   if (!t->o.overlap) dg_params_zero_grad(t->ps); /* else DDP zeroes them */
   dg_tensor *logits = dg_module_forward(t->net, ctx, input(t, x, rows));
   dg_tensor *l = dg_cross_entropy(ctx, logits, dg_wrap(ctx, DG_I64, 1, &rows, y));
-  int rc = l ? dg_backward(ctx, l) : dg_errcode(ctx);
+  int rc = l ? dg_backward(ctx, l) : dg_ctx_errcode(ctx);
   if (!rc && !t->o.overlap) rc = dg_optim_step(t->opt); /* DDP: averaged by now */
   if (rc) fprintf(stderr, "mnist: step %" PRId64 ": %s\n", t->step + 1,
-                  dg_errmsg(ctx)[0] ? dg_errmsg(ctx) : dg_strerror(rc));
+                  dg_ctx_errmsg(ctx)[0] ? dg_ctx_errmsg(ctx) : dg_strerror(rc));
   else *loss = dg_tensor_item(l);
   dg_ctx_reset(ctx);
   return rc;
@@ -338,16 +339,16 @@ static int train_step(trainer *t, int64_t rows, float *loss) {
 /* Test-set accuracy (eval mode, no tape). */
 static int evaluate(trainer *t, double *acc) {
   int64_t rows, correct = 0, total = 0;
-  int prev = dg_set_grad_enabled(t->ctx, 0), rc;
+  int prev = dg_ctx_set_grad_enabled(t->ctx, 0), rc;
   dg_ctx_set_train(t->ctx, 0);
   dg_loader_seek(t->test_loader, 0, 0);
-  while ((rc = dg_loader_next(t->test_loader, NULL, &rows)) == DG_OK) {
+  while ((rc = dg_loader_next(t->test_loader, NULL, &rows)) == DG_OK && rows > 0) {
     float *x = dg_loader_buffer(t->test_loader, 0);
     int64_t *y = dg_loader_buffer(t->test_loader, 1);
     dg_tensor *out = dg_module_forward(t->net, t->ctx, input(t, x, rows));
     if (!out) {
-      fprintf(stderr, "mnist: eval: %s\n", dg_errmsg(t->ctx));
-      rc = dg_errcode(t->ctx);
+      fprintf(stderr, "mnist: eval: %s\n", dg_ctx_errmsg(t->ctx));
+      rc = dg_ctx_errcode(t->ctx);
       break;
     }
     const float *p = dg_tensor_data(out); /* (rows, 10) */
@@ -362,9 +363,9 @@ static int evaluate(trainer *t, double *acc) {
   }
   dg_ctx_reset(t->ctx);
   dg_ctx_set_train(t->ctx, 1);
-  dg_set_grad_enabled(t->ctx, prev);
+  dg_ctx_set_grad_enabled(t->ctx, prev);
   *acc = total ? (double)correct / (double)total : 0;
-  return rc == DG_LOADER_END ? DG_OK : rc;
+  return rc;
 }
 
 static void progress(trainer *t, int64_t epoch, int64_t batch, float loss) {
@@ -400,7 +401,7 @@ static int train(trainer *t) {
     if (t->o.max_steps > 0 && t->step >= t->o.max_steps) return save(t, "max steps");
     if (t->o.stop_at > 0 && t->step >= t->o.stop_at) return save(t, "stop-at");
     int rc = dg_loader_next(t->loader, NULL, &rows);
-    if (rc == DG_LOADER_END) rc = end_epoch(t, epoch, &ep_start);
+    if (rc == DG_OK && rows == 0) rc = end_epoch(t, epoch, &ep_start);
     else if (rc == DG_OK) {
       float loss = 0;
       uint64_t a0 = g_allocs;

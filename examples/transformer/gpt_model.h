@@ -45,7 +45,7 @@ int gpt_new(gpt_model *m, const gpt_config *cfg, uint64_t seed);
 void gpt_free(gpt_model *m);
 
 /* idx (B, T) i64 token ids (caller memory, must outlive the step), T <= T_max
- * -> logits (B, T, V) in ctx's arena; NULL on error (dg_errmsg(ctx)). */
+ * -> logits (B, T, V) in ctx's arena; NULL on error (dg_ctx_errmsg(ctx)). */
 dg_tensor *gpt_forward(gpt_model *m, dg_ctx *ctx, int64_t *idx, int64_t B, int64_t T);
 
 /* Mean next-token cross-entropy of logits(idx) against targets (B, T) i64

@@ -140,7 +140,7 @@ static void unigram(const uint8_t *tok, size_t n, const uint8_t *other, size_t n
 /* Mean loss over the first n batches of the validation windows (grad off). */
 static double evaluate(gpt_model *m, dg_ctx *ctx, dg_loader *val, long n, int64_t B,
                        int64_t T) {
-  int prev = dg_set_grad_enabled(ctx, 0);
+  int prev = dg_ctx_set_grad_enabled(ctx, 0);
   dg_ctx_set_train(ctx, 0);
   dg_loader_seek(val, 0, 0);
   double sum = 0;
@@ -148,12 +148,12 @@ static double evaluate(gpt_model *m, dg_ctx *ctx, dg_loader *val, long n, int64_
   for (; k < n; k++) {
     int64_t rows = 0;
     int rc = dg_loader_next(val, NULL, &rows);
-    if (rc == DG_LOADER_END) break;
     if (rc) return NAN;
+    if (rows == 0) break; /* end of the validation split */
     dg_tensor *loss = gpt_loss(m, ctx, dg_loader_buffer(val, 0), dg_loader_buffer(val, 1),
                                rows, T);
     if (!loss) {
-      fprintf(stderr, "transformer: eval failed: %s\n", dg_errmsg(ctx));
+      fprintf(stderr, "transformer: eval failed: %s\n", dg_ctx_errmsg(ctx));
       return NAN;
     }
     sum += dg_tensor_item(loss);
@@ -161,7 +161,7 @@ static double evaluate(gpt_model *m, dg_ctx *ctx, dg_loader *val, long n, int64_
   }
   (void)B;
   dg_ctx_set_train(ctx, 1);
-  dg_set_grad_enabled(ctx, prev);
+  dg_ctx_set_grad_enabled(ctx, prev);
   return k ? sum / (double)k : NAN;
 }
 
@@ -178,15 +178,15 @@ static int sample(gpt_model *m, dg_ctx *ctx, const dg_text *text, long len, doub
   }
   int nl = dg_text_id(text, '\n');
   ids[0] = nl >= 0 ? nl : 0;
-  int prev = dg_set_grad_enabled(ctx, 0);
+  int prev = dg_ctx_set_grad_enabled(ctx, 0);
   dg_ctx_set_train(ctx, 0);
   int rc = DG_OK;
   for (long i = 1; i <= len; i++) {
     int64_t start = i > T ? i - T : 0, n = i - start;
     dg_tensor *logits = gpt_forward(m, ctx, ids + start, 1, n); /* (1, n, V) */
     if (!logits) {
-      fprintf(stderr, "transformer: sampling failed: %s\n", dg_errmsg(ctx));
-      rc = dg_errcode(ctx);
+      fprintf(stderr, "transformer: sampling failed: %s\n", dg_ctx_errmsg(ctx));
+      rc = dg_ctx_errcode(ctx);
       break;
     }
     const float *last = (const float *)dg_tensor_data(logits) + (n - 1) * V;
@@ -207,7 +207,7 @@ static int sample(gpt_model *m, dg_ctx *ctx, const dg_text *text, long len, doub
     ids[i] = pick;
     dg_ctx_reset(ctx);
   }
-  dg_set_grad_enabled(ctx, prev);
+  dg_ctx_set_grad_enabled(ctx, prev);
   dg_ctx_set_train(ctx, 1);
   if (!rc) {
     dg_text_decode(text, ids + 1, (size_t)len, out, (size_t)len + 2);
@@ -239,7 +239,7 @@ static void run_free(run_state *r) {
 static int setup(run_state *r, const opts *o) {
   char err[512] = "";
   memset(r, 0, sizeof *r);
-  int rc = dg_text_open(o->text, NULL, &r->text, err, sizeof err);
+  int rc = dg_text_open(&r->text, o->text, NULL, err, sizeof err);
   if (rc) {
     fprintf(stderr, "transformer: %s\n", err[0] ? err : dg_strerror(rc));
     return rc;
@@ -252,10 +252,10 @@ static int setup(run_state *r, const opts *o) {
     return rc;
   }
   dg_loader_opts lo = {o->batch, 1, o->seed, 1, 0, 1, 0};
-  rc = dg_loader_new(&r->train, &r->train_ds, &lo);
+  rc = dg_loader_new(&r->train, &r->train_ds, &lo, NULL, 0);
   lo.shuffle = 0;
   lo.drop_last = 0;
-  rc = rc ? rc : dg_loader_new(&r->val, &r->val_ds, &lo);
+  rc = rc ? rc : dg_loader_new(&r->val, &r->val_ds, &lo, NULL, 0);
   gpt_config cfg = {dg_text_vocab_size(r->text), (int)o->layers, (int)o->heads, (int)o->dim,
                     T, o->tie};
   rc = rc ? rc : gpt_new(&r->m, &cfg, o->seed);
@@ -265,8 +265,8 @@ static int setup(run_state *r, const opts *o) {
     dg_adamw_opts ao = dg_adamw_defaults();
     ao.lr = (float)o->lr;
     ao.weight_decay = (float)o->wd;
-    rc = o->lamb ? dg_optim_lamb_new(&r->opt, r->m.ps, &ao)
-                 : dg_optim_adamw_new(&r->opt, r->m.ps, &ao);
+    rc = o->lamb ? dg_optim_new_lamb(&r->opt, r->m.ps, &ao, NULL, 0)
+                 : dg_optim_new_adamw(&r->opt, r->m.ps, &ao, NULL, 0);
   }
   if (rc) fprintf(stderr, "transformer: setup failed: %s\n", dg_strerror(rc));
   return rc;
@@ -276,7 +276,7 @@ static int setup(run_state *r, const opts *o) {
 static float train_step(run_state *r, const opts *o, float lr) {
   int64_t rows = 0;
   int rc = dg_loader_next(r->train, NULL, &rows);
-  if (rc == DG_LOADER_END) rc = dg_loader_next(r->train, NULL, &rows);
+  if (rc == DG_OK && rows == 0) rc = dg_loader_next(r->train, NULL, &rows); /* next epoch */
   if (rc) {
     fprintf(stderr, "transformer: loader: %s\n", dg_strerror(rc));
     return NAN;
@@ -285,7 +285,7 @@ static float train_step(run_state *r, const opts *o, float lr) {
   dg_tensor *loss = gpt_loss(&r->m, r->ctx, dg_loader_buffer(r->train, 0),
                              dg_loader_buffer(r->train, 1), rows, o->context);
   if (!loss || dg_backward(r->ctx, loss)) {
-    fprintf(stderr, "transformer: step failed: %s\n", dg_errmsg(r->ctx));
+    fprintf(stderr, "transformer: step failed: %s\n", dg_ctx_errmsg(r->ctx));
     return NAN;
   }
   float lv = dg_tensor_item(loss);

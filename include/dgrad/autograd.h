@@ -23,10 +23,10 @@ DG_API int dg_backward(dg_ctx *ctx, dg_tensor *loss);
 DG_API int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out);
 
 /* Returns the previous setting. With grad mode off no tape is recorded. */
-DG_API int dg_set_grad_enabled(dg_ctx *ctx, int on);
-DG_API int dg_is_grad_enabled(const dg_ctx *ctx);
+DG_API int dg_ctx_set_grad_enabled(dg_ctx *ctx, int on);
+DG_API int dg_ctx_is_grad_enabled(const dg_ctx *ctx);
 /* Number of nodes on the tape now. */
-DG_API int dg_tape_size(const dg_ctx *ctx);
+DG_API int dg_ctx_tape_size(const dg_ctx *ctx);
 
 /* Parameter-gradient-ready: fires exactly once per trainable parameter of every
  * store the backward involved (a store is involved when one of its parameters
@@ -59,7 +59,7 @@ DG_API int dg_ctx_detach_params(dg_ctx *ctx, dg_params *ps);
 
 /* After a backward: 1 when parameter i of ps received a gradient in the
  * last backward that involved ps (on any context). */
-DG_API int dg_param_reached(const dg_params *ps, int i);
+DG_API int dg_params_reached(const dg_params *ps, int i);
 /* Number of trainable parameters the last backward did not reach. */
 DG_API int dg_params_unreached_count(const dg_params *ps);
 

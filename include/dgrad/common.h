@@ -34,8 +34,22 @@ extern "C" {
 DG_API const char *dg_version(void);
 DG_API unsigned dg_version_hex(void);
 
-/* Status codes: DG_OK (0) or negative. One table generates the enum,
- * dg_strerror() and dg_err_name(). */
+/* Status codes: DG_OK (0) or negative; no call returns a positive status.
+ * One table generates the enum, dg_strerror() and dg_err_name().
+ *
+ * Where a failure's detail goes (one rule for the whole API):
+ *   - a call on an object leaves it in that object: dg_ctx_errmsg (ops,
+ *     backward, hooks), dg_params_errmsg, dg_optim_errmsg, dg_loader_errmsg,
+ *     dg_store_errmsg, dg_pg_errmsg, dg_work_errmsg, dg_ddp_errmsg;
+ *   - a call with no object to hold it (constructors, file and tensor-copy
+ *     calls) takes `char *err, size_t cap` last (err may be NULL);
+ *   - calls whose only failures are a NULL or out-of-range argument or
+ *     memory (dg_ctx_new, dg_params_new, dg_nn_* constructors, accessors)
+ *     return the code alone.
+ * A user's mistake is returned, never printed: the library logs only what
+ * has no caller to return to (ERROR: a background update that failed; WARN:
+ * a store freed while still attached, a group or DDP set-up failure whose
+ * err was NULL). */
 #define DG_ERRNO_MAP(X)                                            \
   X(EINVAL, -1, "invalid argument")                                \
   X(ENOMEM, -2, "out of memory")                                   \
@@ -68,7 +82,7 @@ DG_API const char *dg_strerror(int code);
 DG_API const char *dg_err_name(int code);
 
 /* Element types. Ops compute in f32; f16/bf16 are storage and communication
- * types (convert with dg_tensor_to_dtype); i32/i64 hold indices. */
+ * types (convert with dg_to_dtype or dg_tensor_copy); i32/i64 hold indices. */
 typedef enum {
   DG_F32 = 0,
   DG_F16 = 1,

@@ -56,7 +56,7 @@ typedef struct {
 /* Reads an IDX file; gzip-compressed when the name ends in ".gz" or the file
  * starts with the gzip magic, raw otherwise. The whole file must be exactly
  * header + data. On failure *out is zeroed. */
-DG_API int dg_idx_read(const char *path, dg_idx_array *out, char *err, size_t errcap);
+DG_API int dg_idx_read(dg_idx_array *out, const char *path, char *err, size_t errcap);
 /* Frees a->data and zeroes *a; NULL is a no-op. */
 DG_API void dg_idx_free(dg_idx_array *a);
 /* "u8", "i8", "i16", "i32", "f32", "f64", or "?". */
@@ -112,9 +112,9 @@ typedef struct {
  * DG_FASHION_MNIST_DIR. Checks: images are u8 with 3 dims, labels u8 with 1,
  * equal counts, at least one image, every label in range. Pixels are kept as
  * bytes and normalised to f32 when copied out. */
-DG_API int dg_mnist_open(const char *dir, int train, dg_mnist **out, char *err, size_t errcap);
-DG_API int dg_mnist_open_opts(const char *dir, int train, const dg_mnist_opts *opts,
-                              dg_mnist **out, char *err, size_t errcap);
+DG_API int dg_mnist_open(dg_mnist **out, const char *dir, int train, char *err, size_t errcap);
+DG_API int dg_mnist_open_opts(dg_mnist **out, const char *dir, int train,
+                              const dg_mnist_opts *opts, char *err, size_t errcap);
 DG_API void dg_mnist_free(dg_mnist *ds);
 DG_API int64_t dg_mnist_count(const dg_mnist *ds);
 DG_API int dg_mnist_rows(const dg_mnist *ds);
@@ -146,7 +146,7 @@ typedef struct {
  * in sorted order); path NULL means DG_FORTUNES_DIR. The vocabulary is the
  * sorted set of distinct bytes; tokens are their indices. DG_EFORMAT for an
  * empty text. */
-DG_API int dg_text_open(const char *path, const dg_text_opts *opts, dg_text **out, char *err,
+DG_API int dg_text_open(dg_text **out, const char *path, const dg_text_opts *opts, char *err,
                         size_t errcap);
 DG_API void dg_text_free(dg_text *t);
 DG_API int dg_text_vocab_size(const dg_text *t);
@@ -184,18 +184,21 @@ typedef struct {
                         gets floor(size / world) */
 } dg_loader_opts;
 
-/* Returned by dg_loader_next when the epoch is exhausted (no batch). */
-#define DG_LOADER_END 1
-
-DG_API int dg_loader_new(dg_loader **out, const dg_dataset *ds, const dg_loader_opts *opts);
+/* On failure *out is NULL and err (cap bytes, may be NULL) names the
+ * invalid option. */
+DG_API int dg_loader_new(dg_loader **out, const dg_dataset *ds, const dg_loader_opts *opts,
+                         char *err, size_t cap);
 DG_API void dg_loader_free(dg_loader *l);
 /* Fills the next batch into dst[f] (caller buffers, each batch_size *
  * field[f].numel elements), or into the loader's own buffers when dst is
- * NULL (see dg_loader_buffer); *rows (may be NULL) receives the batch's
- * sample count (< batch_size only for a final partial batch). Returns DG_OK,
- * DG_LOADER_END once at the end of each epoch (the position then moves to
- * the start of the next epoch), or the dataset's error code. */
+ * NULL (see dg_loader_buffer); *rows receives the batch's sample count
+ * (< batch_size only for a final partial batch). At the end of each epoch it
+ * returns DG_OK with *rows == 0 once, and the position moves to the start of
+ * the next epoch. A failure is the dataset's code, with dg_loader_errmsg
+ * naming the sample. */
 DG_API int dg_loader_next(dg_loader *l, void *const *dst, int64_t *rows);
+/* Detail of the last dg_loader_next failure ("" when none). */
+DG_API const char *dg_loader_errmsg(const dg_loader *l);
 /* The loader's own buffer for field f (batch_size * numel elements), or NULL. */
 DG_API void *dg_loader_buffer(dg_loader *l, int f);
 DG_API int64_t dg_loader_batches_per_epoch(const dg_loader *l);

@@ -2,7 +2,7 @@
  * group, train as on one process, get the same model.
  *
  *   dg_ddp *ddp;
- *   dg_ddp_new(&ddp, ctx, ps, pg, NULL);           // broadcast + verify
+ *   dg_ddp_new(&ddp, ctx, ps, pg, NULL, err, cap); // broadcast + verify
  *   for (each batch) {
  *     loss = forward(ctx, my_shard_of_batch);
  *     dg_backward(ctx, loss);                       // all-reduce overlapped
@@ -18,7 +18,7 @@
  * value buffer, frozen parameters included) and opts->buffers from rank 0 and
  * checks that every rank has the same parameters (count, names, shapes,
  * dtypes, trainable flags) and the same DDP options; a mismatch fails every
- * rank with DG_EMISMATCH and a message (dg_errmsg(ctx)) naming the first
+ * rank with DG_EMISMATCH and a message (dg_ctx_errmsg(ctx)) naming the first
  * differing parameter and the two ranks.
  *
  * Buckets. Trainable parameters are grouped into buckets of at most
@@ -38,7 +38,7 @@
  * order on every rank. The backward-end hook waits for all (each wait bounded
  * by the group's timeout) and divides: gradients are averaged over the ranks
  * that contributed data. A failure (dead peer, timeout) becomes dg_backward's
- * result and dg_errmsg(ctx) names the step, the bucket and the failing
+ * result and dg_ctx_errmsg(ctx) names the step, the bucket and the failing
  * operation and peer (from dg_pg_errmsg).
  *
  * Unused parameters. A parameter the backward did not reach counts as zero
@@ -193,11 +193,13 @@ typedef struct {
 /* All defaults (zeros). */
 DG_API dg_ddp_opts dg_ddp_defaults(void);
 
-/* Collective: every rank of pg calls it. On failure *out is NULL and
- * dg_errmsg(ctx) says why (DG_EMISMATCH: parameters or options differ between
- * ranks; DG_EPEER / DG_ETIMEDOUT: the broadcast failed; DG_EINVAL: bad
- * options, or a store with no trainable parameter). */
-DG_API int dg_ddp_new(dg_ddp **out, dg_ctx *ctx, dg_params *ps, dg_pg *pg, const dg_ddp_opts *opts);
+/* Collective: every rank of pg calls it. On failure *out is NULL and err
+ * (cap bytes; may be NULL, then the reason is logged at WARN) says why
+ * (DG_EMISMATCH: parameters or options differ between ranks; DG_EPEER /
+ * DG_ETIMEDOUT: the broadcast failed; DG_EINVAL: bad options, or a store with
+ * no trainable parameter). */
+DG_API int dg_ddp_new(dg_ddp **out, dg_ctx *ctx, dg_params *ps, dg_pg *pg,
+                      const dg_ddp_opts *opts, char *err, size_t cap);
 DG_API void dg_ddp_free(dg_ddp *ddp);
 
 /* No-sync scope: 0 makes the following backwards local only, 1 (default)

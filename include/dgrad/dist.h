@@ -119,11 +119,9 @@ typedef struct {
 } dg_pg_opts;
 
 /* Creates a group and connects it (blocks until every rank joined or the
- * timeout). On failure *out is NULL; the reason is logged (DG_LOGW). Use
- * dg_pg_new_ex to receive it instead. */
-DG_API int dg_pg_new(dg_pg **out, const dg_pg_opts *opts);
-/* Same, copying the failure detail into err (cap bytes). */
-DG_API int dg_pg_new_ex(dg_pg **out, const dg_pg_opts *opts, char *err, size_t cap);
+ * timeout). On failure *out is NULL and err (cap bytes; may be NULL, then
+ * the reason is logged at WARN) says why. */
+DG_API int dg_pg_new(dg_pg **out, const dg_pg_opts *opts, char *err, size_t cap);
 
 /* Creates the group from the environment, like torch's env:// init: RANK,
  * WORLD_SIZE, MASTER_ADDR, MASTER_PORT (else SLURM_PROCID/SLURM_NTASKS, or

@@ -24,7 +24,7 @@ typedef struct dg_module dg_module;
 
 typedef struct {
   const char *type; /* "Linear", ... */
-  /* x -> y in ctx's arena; NULL on error (detail in dg_errmsg(ctx)). */
+  /* x -> y in ctx's arena; NULL on error (detail in dg_ctx_errmsg(ctx)). */
   dg_tensor *(*forward)(dg_module *m, dg_ctx *ctx, dg_tensor *x);
   /* Registers this module's parameters as "<prefix>.<name>" (prefix may be
    * "") and initialises them from `seed`. NULL when the module has none. */
@@ -45,7 +45,8 @@ struct dg_module {
 
 /* Calls vt->forward. */
 DG_API dg_tensor *dg_module_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x);
-/* Registers and initialises every parameter of the tree. */
+/* Registers and initialises every parameter of the tree. On failure
+ * dg_params_errmsg(ps) names the parameter and why. */
 DG_API int dg_module_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t seed);
 /* Train/eval mode for the tree (dropout reads the ctx's mode; this flag is
  * for user modules that care). */

@@ -2,7 +2,7 @@
  *
  * Every op is eager: it computes now, returns its result in ctx's arena and
  * records a tape node when grad mode is on and an input requires grad. On
- * error it returns NULL and dg_errmsg(ctx) names the op and the shapes.
+ * error it returns NULL and dg_ctx_errmsg(ctx) names the op and the shapes.
  * Shapes are given as (dim0, dim1, ...). */
 #ifndef DGRAD_OPS_H
 #define DGRAD_OPS_H

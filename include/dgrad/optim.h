@@ -105,12 +105,19 @@ DG_API dg_lamb_opts dg_lamb_defaults(void);
 DG_API dg_lars_opts dg_lars_defaults(void);
 
 /* Constructors: DG_EINVAL on a NULL store/out or invalid hyperparameters
- * (negative lr, betas outside [0, 1), ...), DG_ENOMEM. */
-DG_API int dg_optim_sgd_new(dg_optim **out, dg_params *ps, const dg_sgd_opts *opts);
-DG_API int dg_optim_adamw_new(dg_optim **out, dg_params *ps, const dg_adamw_opts *opts);
-DG_API int dg_optim_lamb_new(dg_optim **out, dg_params *ps, const dg_lamb_opts *opts);
-DG_API int dg_optim_lars_new(dg_optim **out, dg_params *ps, const dg_lars_opts *opts);
+ * (negative lr, betas outside [0, 1), ...), DG_ENOMEM; err (cap bytes, may
+ * be NULL) names the options. */
+DG_API int dg_optim_new_sgd(dg_optim **out, dg_params *ps, const dg_sgd_opts *opts, char *err,
+                            size_t cap);
+DG_API int dg_optim_new_adamw(dg_optim **out, dg_params *ps, const dg_adamw_opts *opts,
+                              char *err, size_t cap);
+DG_API int dg_optim_new_lamb(dg_optim **out, dg_params *ps, const dg_lamb_opts *opts,
+                             char *err, size_t cap);
+DG_API int dg_optim_new_lars(dg_optim **out, dg_params *ps, const dg_lars_opts *opts,
+                             char *err, size_t cap);
 DG_API void dg_optim_free(dg_optim *o);
+/* Detail of the last failing call on the optimizer ("" when none). */
+DG_API const char *dg_optim_errmsg(const dg_optim *o);
 
 /* One update from the current gradients; increments the step count first
  * (so the first step uses t = 1). No heap allocation. The step count is one
@@ -132,7 +139,7 @@ DG_API int dg_optim_unfuse_backward(dg_optim *o);
 /* "sgd", "adamw", "lamb", "lars". */
 DG_API const char *dg_optim_name(const dg_optim *o);
 DG_API void dg_optim_set_lr(dg_optim *o, float lr);
-DG_API float dg_optim_get_lr(const dg_optim *o);
+DG_API float dg_optim_lr(const dg_optim *o);
 /* Steps taken (restored by dg_optim_set_step). */
 DG_API int64_t dg_optim_step_count(const dg_optim *o);
 DG_API int dg_optim_set_step(dg_optim *o, int64_t step);
@@ -158,8 +165,8 @@ DG_API int dg_clip_grad_norm(dg_params *ps, double max_norm, double *total_norm)
  * lr to use for the step-th update).
  *   CONSTANT        base_lr
  *   STEP            base_lr * gamma^floor(step / step_size)   (torch StepLR)
- *   COSINE          min_lr + (base_lr - min_lr) (1 + cos(pi s / total)) / 2,
- *                   s = min(step, total_steps)       (torch CosineAnnealingLR)
+ *   COSINE          min_lr + (base_lr - min_lr) (1 + cos(pi s / T)) / 2,
+ *                   s = min(step, T), T = total_steps (torch CosineAnnealingLR)
  *   WARMUP_CONSTANT base_lr * (step + 1) / warmup_steps while step <
  *                   warmup_steps, then base_lr
  *   WARMUP_COSINE   the same warmup, then COSINE over the remaining

@@ -38,17 +38,23 @@ typedef struct {
   int timeout_ms;     /* default deadline for every wait; 0: 300000 */
 } dg_tcp_store_opts;
 
-DG_API int dg_tcp_store_new(dg_store **out, const dg_tcp_store_opts *opts);
+/* Constructors: on failure *out is NULL and err (cap bytes, may be NULL)
+ * says why; the in-memory and prefix stores fail only on a NULL argument
+ * (DG_EINVAL) or memory (DG_ENOMEM), so they take no err. A TCP store with
+ * err NULL logs its failure at WARN. */
+DG_API int dg_store_new_tcp(dg_store **out, const dg_tcp_store_opts *opts, char *err,
+                            size_t cap);
 /* The port a TCP store server listens on, or that a client connected to. */
 DG_API int dg_store_port(const dg_store *s);
 
-DG_API int dg_file_store_new(dg_store **out, const char *dir, int timeout_ms);
-DG_API int dg_mem_store_new(dg_store **out, int timeout_ms);
+DG_API int dg_store_new_file(dg_store **out, const char *dir, int timeout_ms, char *err,
+                             size_t cap);
+DG_API int dg_store_new_mem(dg_store **out, int timeout_ms);
 /* Shares an in-process store between handles (ranks as threads); each handle
- * must be freed. */
-DG_API int dg_mem_store_clone(dg_store **out, dg_store *s);
+ * must be freed. DG_EINVAL when s is not an in-memory store. */
+DG_API int dg_store_clone(dg_store **out, dg_store *s);
 /* Wraps `base` (not owned; must outlive the prefix store). */
-DG_API int dg_prefix_store_new(dg_store **out, dg_store *base, const char *prefix);
+DG_API int dg_store_new_prefix(dg_store **out, dg_store *base, const char *prefix);
 
 DG_API void dg_store_free(dg_store *s); /* NULL: no-op */
 

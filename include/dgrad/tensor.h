@@ -6,10 +6,11 @@
  * (dg_tensor_new) are owned by the caller until dg_tensor_free(). Parameter
  * tensors are owned by their dg_params store.
  *
- * Errors. Functions returning int give DG_OK or a negative DG_E* code; ops and
- * ctx constructors return NULL on failure and leave the detail (op name and
- * shapes) in dg_errmsg(ctx). An op given a NULL input returns NULL and keeps
- * the first error, so a chain of ops can be checked once at the end.
+ * Errors (the rule is in dgrad/common.h). Ops and the dg_ctx-taking
+ * constructors return NULL on failure and leave the detail (op name and
+ * shapes) in dg_ctx_errmsg(ctx); store calls leave theirs in
+ * dg_params_errmsg(ps). An op given a NULL input returns NULL and keeps the
+ * first error, so a chain of ops can be checked once at the end.
  *
  * Threads. A context is used by one thread at a time; different contexts may
  * be used concurrently. Parameter stores may be read concurrently. */
@@ -45,9 +46,9 @@ DG_API void dg_ctx_free(dg_ctx *ctx);
 /* Releases every arena tensor and the tape. Keeps the arena's memory, so a
  * steady-state training step allocates nothing from the heap. */
 DG_API void dg_ctx_reset(dg_ctx *ctx);
-DG_API const char *dg_errmsg(const dg_ctx *ctx); /* "" when no error */
-DG_API int dg_errcode(const dg_ctx *ctx);        /* last error code, DG_OK if none */
-DG_API void dg_clear_error(dg_ctx *ctx);
+DG_API const char *dg_ctx_errmsg(const dg_ctx *ctx); /* "" when no error */
+DG_API int dg_ctx_errcode(const dg_ctx *ctx);        /* last error code, DG_OK if none */
+DG_API void dg_ctx_clear_error(dg_ctx *ctx);
 /* Bytes of arena in use now / at most since creation / reserved. */
 DG_API size_t dg_ctx_arena_used(const dg_ctx *ctx);
 DG_API size_t dg_ctx_arena_peak(const dg_ctx *ctx);
@@ -86,14 +87,17 @@ DG_API dg_tensor *dg_to_dtype(dg_ctx *ctx, dg_tensor *t, dg_dtype dt);
 
 /* ---- persistent tensors (caller-owned) ---- */
 
-DG_API int dg_tensor_new(dg_tensor **out, dg_dtype dt, int ndim, const int64_t *shape);
+/* These three have no object to hold a failure's detail: err (cap bytes, may
+ * be NULL) receives it. */
+DG_API int dg_tensor_new(dg_tensor **out, dg_dtype dt, int ndim, const int64_t *shape,
+                         char *err, size_t cap);
 /* A view sharing t's storage (kept alive by reference count). ndim/shape give
  * the new shape; strides are contiguous from element `offset` of t. */
 DG_API int dg_tensor_view(dg_tensor **out, dg_tensor *t, int64_t offset, int ndim,
-                          const int64_t *shape);
+                          const int64_t *shape, char *err, size_t cap);
 DG_API void dg_tensor_free(dg_tensor *t);
 /* Copies src into dst (same shape; converts dtype). */
-DG_API int dg_tensor_copy(dg_tensor *dst, const dg_tensor *src);
+DG_API int dg_tensor_copy(dg_tensor *dst, const dg_tensor *src, char *err, size_t cap);
 
 /* ---- inspection (any tensor) ---- */
 
@@ -123,8 +127,15 @@ DG_API char *dg_tensor_shape_str(const dg_tensor *t, char *buf, size_t cap);
 
 /* ---- parameter store: flat value and gradient buffers, named views ---- */
 
+/* Fails only on a NULL out (DG_EINVAL) or memory (DG_ENOMEM). */
 DG_API int dg_params_new(dg_params **out);
+/* Freeing a store still attached to a context detaches it and logs a warning
+ * (no return value to carry it). */
 DG_API void dg_params_free(dg_params *ps);
+/* Detail of the last failing call on the store ("" when none): params_add,
+ * relayout, companions, dg_clip_grad_norm, dg_module_bind, and a pending
+ * update that failed in the background. */
+DG_API const char *dg_params_errmsg(const dg_params *ps);
 /* Registers an f32 parameter; values start at zero (see nn init). Registration
  * order is fixed: it is the enumeration order, the flat-buffer order and the
  * checkpoint order. Fails with DG_EINVAL on a duplicate name. The returned
@@ -136,8 +147,8 @@ DG_API int dg_params_count(const dg_params *ps);
 DG_API dg_tensor *dg_params_get(const dg_params *ps, int i);
 DG_API dg_tensor *dg_params_find(const dg_params *ps, const char *name);
 /* Index of a parameter tensor in its store, or -1. */
-DG_API int dg_param_index(const dg_tensor *t);
-DG_API dg_params *dg_param_store(const dg_tensor *t);
+DG_API int dg_tensor_param_index(const dg_tensor *t);
+DG_API dg_params *dg_tensor_param_store(const dg_tensor *t);
 /* Element offset of parameter i in the flat buffers. */
 DG_API size_t dg_params_offset(const dg_params *ps, int i);
 /* Flat buffers: n floats each (includes alignment padding between params,

@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
   REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
   REQUIRE(dg_params_new(&ps) == DG_OK);
   dg_module *net = build(ps);
-  REQUIRE(dg_optim_adamw_new(&o, ps, NULL) == DG_OK);
+  REQUIRE(dg_optim_new_adamw(&o, ps, NULL, NULL, 0) == DG_OK);
   float xin[3 * 64];
   dg_rng_normal(7, 0, xin, 3 * 64);
   int64_t xs[4] = {3, 1, 8, 8};

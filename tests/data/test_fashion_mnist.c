@@ -13,7 +13,7 @@ int main(void) {
   for (int train = 1; train >= 0; train--) {
     dg_mnist *ds = NULL;
     dg_mnist_opts op = {DG_MNIST_NORM_UNIT, 0, 0, 0};
-    CHECK_OK(dg_mnist_open_opts(NULL, train, &op, &ds, err, sizeof err));
+    CHECK_OK(dg_mnist_open_opts(&ds, NULL, train, &op, err, sizeof err));
     if (!ds) {
       fprintf(stderr, "%s\n", err);
       return TEST_DONE();
@@ -41,7 +41,7 @@ int main(void) {
   }
   /* default normalisation: the training set comes out near mean 0, std 1 */
   dg_mnist *ds = NULL;
-  CHECK_OK(dg_mnist_open(NULL, 1, &ds, err, sizeof err));
+  CHECK_OK(dg_mnist_open(&ds, NULL, 1, err, sizeof err));
   REQUIRE(ds);
   float im[784];
   double s = 0;

@@ -69,7 +69,7 @@ static void expect_fail(const char *sub, int code, const char *file, const char 
   char p[512];
   dg_mnist *ds = (dg_mnist *)1;
   path_of(p, sizeof p, sub);
-  int rc = dg_mnist_open(p, 1, &ds, errbuf, sizeof errbuf);
+  int rc = dg_mnist_open(&ds, p, 1, errbuf, sizeof errbuf);
   CHECK_EQ_INT(rc, code);
   CHECK(ds == NULL);
   CHECK_STR_HAS(errbuf, file);
@@ -83,7 +83,7 @@ static void test_mnist_valid(void) {
   path_of(p, sizeof p, "ok");
   dg_mnist *ds = NULL;
   dg_mnist_opts op = {DG_MNIST_NORM_UNIT, 0, 0, 0};
-  CHECK_OK(dg_mnist_open_opts(p, 1, &op, &ds, errbuf, sizeof errbuf));
+  CHECK_OK(dg_mnist_open_opts(&ds, p, 1, &op, errbuf, sizeof errbuf));
   REQUIRE(ds);
   CHECK_EQ_INT(dg_mnist_count(ds), N_IMG);
   CHECK_EQ_INT(dg_mnist_rows(ds), 4);
@@ -98,13 +98,13 @@ static void test_mnist_valid(void) {
   CHECK_EQ_INT(d.field[0].numel, 12);
   dg_mnist_free(ds);
   /* default normalisation: Fashion-MNIST mean/std */
-  CHECK_OK(dg_mnist_open(p, 1, &ds, errbuf, sizeof errbuf));
+  CHECK_OK(dg_mnist_open(&ds, p, 1, errbuf, sizeof errbuf));
   CHECK_OK(dg_mnist_image(ds, 0, im));
   CHECK_NEAR(im[1], (7 / 255.0 - 0.2860) / 0.3530, 1e-5);
   dg_mnist_free(ds);
   dg_mnist_free(NULL);
   /* test split missing: a clear "cannot open" */
-  CHECK_EQ_INT(dg_mnist_open(p, 0, &ds, errbuf, sizeof errbuf), DG_EIO);
+  CHECK_EQ_INT(dg_mnist_open(&ds, p, 0, errbuf, sizeof errbuf), DG_EIO);
   CHECK_STR_HAS(errbuf, "t10k-images-idx3-ubyte");
   CHECK_STR_HAS(errbuf, "cannot open");
 }
@@ -162,7 +162,7 @@ static void test_gzip(void) {
   write_bytes("gz/train-images-idx3-ubyte.gz", gz, n);
   write_bytes("gz/train-labels-idx1-ubyte.gz", gl, nl);
   dg_mnist *ds = NULL;
-  CHECK_OK(dg_mnist_open(p, 1, &ds, errbuf, sizeof errbuf));
+  CHECK_OK(dg_mnist_open(&ds, p, 1, errbuf, sizeof errbuf));
   CHECK_EQ_INT(dg_mnist_count(ds), N_IMG);
   CHECK(ds && !memcmp(dg_mnist_pixels(ds), img_file + 16, N_IMG * 12));
   dg_mnist_free(ds);
@@ -170,7 +170,7 @@ static void test_gzip(void) {
   write_bytes("plain_named", gz, n);
   dg_idx_array a;
   path_of(p, sizeof p, "plain_named");
-  CHECK_OK(dg_idx_read(p, &a, errbuf, sizeof errbuf));
+  CHECK_OK(dg_idx_read(&a, p, errbuf, sizeof errbuf));
   CHECK_EQ_INT(a.count, N_IMG * 12);
   dg_idx_free(&a);
   /* corrupt deflate data after a valid gzip header */
@@ -222,7 +222,7 @@ static void test_types(void) {
     char p[512];
     path_of(p, sizeof p, "typed");
     dg_idx_array a;
-    CHECK_OK(dg_idx_read(p, &a, errbuf, sizeof errbuf));
+    CHECK_OK(dg_idx_read(&a, p, errbuf, sizeof errbuf));
     CHECK_EQ_INT(a.type, c[k].type);
     CHECK_EQ_INT(a.ndim, 2);
     CHECK_EQ_INT(a.dims[1], 2);
@@ -243,7 +243,7 @@ static void test_types(void) {
   }
   dg_idx_free(NULL);
   dg_idx_array a;
-  CHECK_EQ_INT(dg_idx_read("/nonexistent/x-idx1-ubyte", &a, errbuf, sizeof errbuf), DG_EIO);
+  CHECK_EQ_INT(dg_idx_read(&a, "/nonexistent/x-idx1-ubyte", errbuf, sizeof errbuf), DG_EIO);
   CHECK_STR_HAS(errbuf, "/nonexistent/x-idx1-ubyte");
   /* absurd dims in a tiny file: refused before allocating */
   uint32_t huge[3] = {0xffffffffu, 0xffffffffu, 0xffffffffu};
@@ -251,7 +251,7 @@ static void test_types(void) {
   write_bytes("huge", f, n);
   char p[512];
   path_of(p, sizeof p, "huge");
-  CHECK_EQ_INT(dg_idx_read(p, &a, errbuf, sizeof errbuf), DG_EFORMAT);
+  CHECK_EQ_INT(dg_idx_read(&a, p, errbuf, sizeof errbuf), DG_EFORMAT);
   CHECK_STR_HAS(errbuf, "huge");
 }
 

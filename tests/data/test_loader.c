@@ -35,7 +35,7 @@ static dg_dataset synth(int64_t n) {
 static int64_t epoch_indices(dg_loader *l, int64_t *out) {
   int64_t k = 0, rows;
   int rc;
-  while ((rc = dg_loader_next(l, NULL, &rows)) == DG_OK) {
+  while ((rc = dg_loader_next(l, NULL, &rows)) == DG_OK && rows > 0) {
     const int64_t *idx = dg_loader_buffer(l, 0);
     const float *v = dg_loader_buffer(l, 1);
     for (int64_t r = 0; r < rows; r++) {
@@ -43,7 +43,8 @@ static int64_t epoch_indices(dg_loader *l, int64_t *out) {
       out[k++] = idx[r];
     }
   }
-  CHECK_EQ_INT(rc, DG_LOADER_END);
+  CHECK_OK(rc);
+  CHECK_EQ_INT(rows, 0); /* the end of the epoch */
   return k;
 }
 
@@ -52,10 +53,10 @@ static void test_shuffle(void) {
   dg_dataset d = synth(N);
   dg_loader_opts op = {32, 1, 42, 0, 0, 1, 0};
   dg_loader *a, *b, *c;
-  CHECK_OK(dg_loader_new(&a, &d, &op));
-  CHECK_OK(dg_loader_new(&b, &d, &op));
+  CHECK_OK(dg_loader_new(&a, &d, &op, NULL, 0));
+  CHECK_OK(dg_loader_new(&b, &d, &op, NULL, 0));
   op.seed = 43;
-  CHECK_OK(dg_loader_new(&c, &d, &op));
+  CHECK_OK(dg_loader_new(&c, &d, &op, NULL, 0));
   static int64_t e0[N], e1[N], f0[N], g0[N];
   int seen[N];
   CHECK_EQ_INT(dg_loader_batches_per_epoch(a), 32);
@@ -91,8 +92,8 @@ static void test_resume(void) {
   dg_dataset d = synth(103);
   dg_loader_opts op = {10, 1, 7, 0, 0, 1, 0};
   dg_loader *a, *b;
-  CHECK_OK(dg_loader_new(&a, &d, &op));
-  CHECK_OK(dg_loader_new(&b, &d, &op));
+  CHECK_OK(dg_loader_new(&a, &d, &op, NULL, 0));
+  CHECK_OK(dg_loader_new(&b, &d, &op, NULL, 0));
   int64_t idx[16], rows, ep, bt;
   for (int i = 0; i < 15; i++) dg_loader_next(a, NULL, &rows); /* into epoch 1 */
   dg_loader_position(a, &ep, &bt);
@@ -124,7 +125,7 @@ static void test_sharding(void) {
     for (int r = 0; r < 3; r++) {
       dg_loader_opts op = {3, 1, 5, 0, r, 3, drop};
       dg_loader *l;
-      CHECK_OK(dg_loader_new(&l, &d, &op));
+      CHECK_OK(dg_loader_new(&l, &d, &op, NULL, 0));
       CHECK_EQ_INT(dg_loader_samples_per_rank(l), drop ? 3 : 4);
       if (nb < 0) nb = dg_loader_batches_per_epoch(l);
       CHECK_EQ_INT(dg_loader_batches_per_epoch(l), nb);
@@ -141,14 +142,25 @@ static void test_sharding(void) {
   /* drop_last drops the partial batch */
   dg_loader_opts op = {4, 0, 0, 1, 0, 1, 0};
   dg_loader *l;
-  CHECK_OK(dg_loader_new(&l, &d, &op));
+  CHECK_OK(dg_loader_new(&l, &d, &op, NULL, 0));
   CHECK_EQ_INT(dg_loader_batches_per_epoch(l), 2);
   int64_t idx[10];
   CHECK_EQ_INT(epoch_indices(l, idx), 8);
   CHECK_EQ_INT(idx[5], 5); /* no shuffle: in order */
   dg_loader_free(l);
   dg_loader_opts bad = {4, 0, 0, 0, 3, 3, 0};
-  CHECK_EQ_INT(dg_loader_new(&l, &d, &bad), DG_EINVAL);
+  char err[256] = "";
+  CHECK_EQ_INT(dg_loader_new(&l, &d, &bad, err, sizeof err), DG_EINVAL);
+  CHECK(strstr(err, "rank 3 of world_size 3") != NULL); /* names what is wrong */
+  CHECK(l == NULL);
+  CHECK_EQ_INT(dg_loader_new(&l, &d, &op, NULL, 0), DG_OK);
+  int64_t rows = -1;
+  CHECK_EQ_INT(dg_loader_next(l, NULL, NULL), DG_EINVAL); /* rows is required */
+  CHECK(strstr(dg_loader_errmsg(l), "rows") != NULL);
+  CHECK_OK(dg_loader_next(l, NULL, &rows));
+  CHECK(rows > 0);
+  CHECK_EQ_INT(dg_loader_errmsg(l)[0], 0);
+  dg_loader_free(l);
 }
 
 static void test_text(void) {
@@ -162,7 +174,7 @@ static void test_text(void) {
   dg_text *t = NULL;
   char err[512];
   dg_text_opts op = {0.2};
-  CHECK_OK(dg_text_open(path, &op, &t, err, sizeof err));
+  CHECK_OK(dg_text_open(&t, path, &op, err, sizeof err));
   REQUIRE(t);
   /* distinct bytes: \n space , a d e g h l o r w */
   CHECK_EQ_INT(dg_text_vocab_size(t), 12);
@@ -189,10 +201,10 @@ static void test_text(void) {
   dg_text_free(t);
   dg_text_free(NULL);
   remove(path);
-  CHECK_EQ_INT(dg_text_open("/nonexistent/corpus", NULL, &t, err, sizeof err), DG_EIO);
+  CHECK_EQ_INT(dg_text_open(&t, "/nonexistent/corpus", NULL, err, sizeof err), DG_EIO);
   CHECK_STR_HAS(err, "/nonexistent/corpus");
   /* the default corpus, when installed */
-  if (dg_text_open(NULL, NULL, &t, err, sizeof err) == DG_OK) {
+  if (dg_text_open(&t, NULL, NULL, err, sizeof err) == DG_OK) {
     dg_text_tokens(t, DG_SPLIT_TRAIN, &ntr);
     fprintf(stderr, "fortunes: %zu train tokens, vocab %d\n", ntr, dg_text_vocab_size(t));
     CHECK(ntr > 100000);

@@ -32,7 +32,7 @@ static const dg_link_model *du_link;
  * switches of the environment (DG_BACKEND, DG_SHM, ...: the meson cases
  * set them). */
 static inline int du_pg(int r, int W, dg_store **st, dg_pg **pg) {
-  int rc = dg_file_store_new(st, du_dir, 30000);
+  int rc = dg_store_new_file(st, du_dir, 30000, NULL, 0);
   if (rc) return rc;
   dg_pg_opts o;
   memset(&o, 0, sizeof o);
@@ -43,7 +43,7 @@ static inline int du_pg(int r, int W, dg_store **st, dg_pg **pg) {
   o.link = du_link;
   dg_pg_opts_from_env(&o);
   char err[256];
-  rc = dg_pg_new_ex(pg, &o, err, sizeof err);
+  rc = dg_pg_new(pg, &o, err, sizeof err);
   if (rc) fprintf(stderr, "rank %d: pg: %s\n", r, err);
   return rc;
 }
@@ -160,23 +160,23 @@ static inline int du_optim(const char *name, dg_params *ps, dg_optim **o) {
     s.lr = 0.1f;
     s.momentum = 0.9f;
     s.weight_decay = 1e-3f;
-    return dg_optim_sgd_new(o, ps, &s);
+    return dg_optim_new_sgd(o, ps, &s, NULL, 0);
   }
   if (!strcmp(name, "adamw")) {
     dg_adamw_opts a = dg_adamw_defaults();
     a.lr = 1e-2f;
-    return dg_optim_adamw_new(o, ps, &a);
+    return dg_optim_new_adamw(o, ps, &a, NULL, 0);
   }
   if (!strcmp(name, "lamb")) {
     dg_lamb_opts a = dg_lamb_defaults();
     a.lr = 1e-2f;
-    return dg_optim_lamb_new(o, ps, &a);
+    return dg_optim_new_lamb(o, ps, &a, NULL, 0);
   }
   if (!strcmp(name, "lars")) {
     dg_lars_opts l = dg_lars_defaults();
     l.lr = 0.5f;
     l.trust_coef = 0.02f;
-    return dg_optim_lars_new(o, ps, &l);
+    return dg_optim_new_lars(o, ps, &l, NULL, 0);
   }
   return DG_EINVAL;
 }

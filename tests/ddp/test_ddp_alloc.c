@@ -56,10 +56,10 @@ static int rank_main(int r, int W, void *arg) {
   }
   dg_sgd_opts so = dg_sgd_defaults();
   so.lr = 0.01f;
-  CHECK_OK(dg_optim_sgd_new(&opt, ps, &so));
+  CHECK_OK(dg_optim_new_sgd(&opt, ps, &so, NULL, 0));
   dg_ddp_opts dop = du_ddp_defaults();
   dop.first_bucket_bytes = 64; /* fc2.bias alone: small, eager */
-  if (dg_ddp_new(&ddp, ctx, ps, pg, &dop)) return 3;
+  if (dg_ddp_new(&ddp, ctx, ps, pg, &dop, NULL, 0)) return 3;
   static float x[B * IN];
   static int64_t y[B];
   uint64_t steady = 0;
@@ -73,7 +73,7 @@ static int rank_main(int r, int W, void *arg) {
     dg_tensor *hh = dg_relu(ctx, dg_linear(ctx, xt, w1, b1));
     dg_tensor *loss = dg_cross_entropy(ctx, dg_linear(ctx, hh, w2, b2), yt);
     if (!loss || dg_backward(ctx, loss)) {
-      fprintf(stderr, "rank %d step %d: %s\n", r, s, dg_errmsg(ctx));
+      fprintf(stderr, "rank %d step %d: %s\n", r, s, dg_ctx_errmsg(ctx));
       return 4;
     }
     CHECK(dg_ddp_step_ready(ddp));

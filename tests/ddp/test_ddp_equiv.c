@@ -56,18 +56,19 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
            : !strcmp(c->comm, "bf16") ? DG_DDP_COMM_BF16 : DG_DDP_COMM_F32;
   int manual = !strcmp(c->mode, "nosync");
   o.accum_steps = manual ? 1 : c->K;
-  if (dg_ddp_new(&ddp, ctx, m->ps, pg, &o)) {
-    fprintf(stderr, "rank %d: ddp_new: %s\n", r, dg_errmsg(ctx));
+  char err[512];
+  if (dg_ddp_new(&ddp, ctx, m->ps, pg, &o, err, sizeof err)) {
+    fprintf(stderr, "rank %d: ddp_new: %s\n", r, err);
     return 5;
   }
   if (W == 1) { /* one DDP per store: a second is refused and disturbs nothing */
     dg_ddp *again = NULL;
-    CHECK_EQ_INT(dg_ddp_new(&again, ctx, m->ps, pg, &o), DG_ESTATE);
-    CHECK_STR_HAS(dg_errmsg(ctx), "another DDP");
+    CHECK_EQ_INT(dg_ddp_new(&again, ctx, m->ps, pg, &o, err, sizeof err), DG_ESTATE);
+    CHECK_STR_HAS(err, "another DDP");
     CHECK(again == NULL);
-    dg_clear_error(ctx);
+    CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_OK); /* the detail went to err, not the ctx */
   }
-  const float base = dg_optim_get_lr(opt);
+  const float base = dg_optim_lr(opt);
   if (c->fwd) {
     CHECK_OK(dg_ddp_overlap_optimizer(ddp, opt));
     CHECK_EQ_INT(dg_optim_step(opt), DG_ESTATE); /* owned: stepping it would double */
@@ -83,7 +84,7 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
       if (manual && c->K > 1) loss = dg_scale(ctx, loss, 1.0f / (float)c->K);
       int rc = loss ? dg_backward(ctx, loss) : DG_EINVAL;
       if (rc) {
-        fprintf(stderr, "rank %d step %d: %s\n", r, s, dg_errmsg(ctx));
+        fprintf(stderr, "rank %d step %d: %s\n", r, s, dg_ctx_errmsg(ctx));
         return 6;
       }
       CHECK_EQ_INT(dg_ddp_step_ready(ddp), !c->fwd && j == c->K - 1);
@@ -151,7 +152,7 @@ static int run_ref(int W, const cfg *c, du_mlp *m) {
       du_optim(c->optim, m->ps, &opt))
     return 7;
   int64_t n = (int64_t)W * c->K * M;
-  const float base = dg_optim_get_lr(opt);
+  const float base = dg_optim_lr(opt);
   for (int s = 0; s < STEPS; s++) {
     schedule(c, opt, base, s);
     dg_tensor *loss = du_loss(ctx, m, s * n, n);

@@ -37,10 +37,10 @@ static int dead_peer(int r, dg_ctx *ctx, du_mlp *m, int fwd) {
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     dg_tensor *loss = du_loss(ctx, m, (s * W + r) * M, M);
-    int rc = loss ? dg_backward(ctx, loss) : fwd ? dg_errcode(ctx) : DG_EINVAL;
+    int rc = loss ? dg_backward(ctx, loss) : fwd ? dg_ctx_errcode(ctx) : DG_EINVAL;
     double ms = ms_since(&t0);
     char msg[600];
-    snprintf(msg, sizeof msg, "%s", dg_errmsg(ctx));
+    snprintf(msg, sizeof msg, "%s", dg_ctx_errmsg(ctx));
     if (!fwd) dg_params_zero_grad(m->ps);
     dg_ctx_reset(ctx);
     if (s < 3 || (fwd && s == 3 && rc == DG_OK)) {
@@ -60,19 +60,20 @@ static int mismatch(int r, dg_ctx *ctx, du_mlp *m, dg_pg *pg) {
   dg_ddp *ddp = NULL;
   dg_ddp_opts o = du_ddp_defaults();
   if (!strcmp(g_mode, "options") && r == 2) o.accum_steps = 2;
-  int rc = dg_ddp_new(&ddp, ctx, m->ps, pg, &o);
-  fprintf(stderr, "rank %d: %s: %s\n", r, dg_err_name(rc), dg_errmsg(ctx));
+  char err[512] = "";
+  int rc = dg_ddp_new(&ddp, ctx, m->ps, pg, &o, err, sizeof err);
+  fprintf(stderr, "rank %d: %s: %s\n", r, dg_err_name(rc), err);
   CHECK(rc == DG_EMISMATCH);
   CHECK(ddp == NULL);
   if (!strcmp(g_mode, "options")) {
-    CHECK_STR_HAS(dg_errmsg(ctx), "options differ");
-    CHECK_STR_HAS(dg_errmsg(ctx), "rank 2");
-    CHECK_STR_HAS(dg_errmsg(ctx), "accum=2");
+    CHECK_STR_HAS(err, "options differ");
+    CHECK_STR_HAS(err, "rank 2");
+    CHECK_STR_HAS(err, "accum=2");
   } else if (!strcmp(g_mode, "shape")) {
-    CHECK_STR_HAS(dg_errmsg(ctx), "'fc2.weight' (5, 24) f32 vs rank 1 'fc2.weight' (5, 23)");
+    CHECK_STR_HAS(err, "'fc2.weight' (5, 24) f32 vs rank 1 'fc2.weight' (5, 23)");
   } else {
-    CHECK_STR_HAS(dg_errmsg(ctx), "rank 0 has 4, rank 1 has 5");
-    CHECK_STR_HAS(dg_errmsg(ctx), "extra.bias");
+    CHECK_STR_HAS(err, "rank 0 has 4, rank 1 has 5");
+    CHECK_STR_HAS(err, "extra.bias");
   }
   return dg_test_failures ? 1 : 0;
 }
@@ -110,7 +111,7 @@ static int rank_main(int r, int w, void *arg) {
   dg_ddp *ddp = NULL;
   dg_optim *opt = NULL;
   dg_ddp_opts o = du_ddp_defaults();
-  if (dg_ddp_new(&ddp, ctx, m.ps, pg, &o)) return 4;
+  if (dg_ddp_new(&ddp, ctx, m.ps, pg, &o, NULL, 0)) return 4;
   if (fwd && (du_optim("sgd", m.ps, &opt) || dg_ddp_overlap_optimizer(ddp, opt))) return 5;
   return dead_peer(r, ctx, &m, fwd); /* exits without cleanup: peers are gone */
 }

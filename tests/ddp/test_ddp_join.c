@@ -65,13 +65,13 @@ static int train(int r, const cfg *c, du_mlp *m, double *elapsed_ms) {
            : !strcmp(c->comm, "bf16") ? DG_DDP_COMM_BF16
                                       : DG_DDP_COMM_F32;
   if (!strcmp(c->comm, "user")) o.hook = &k_user_hook;
-  if (dg_ddp_new(&ddp, ctx, m->ps, pg, &o)) return 3;
+  if (dg_ddp_new(&ddp, ctx, m->ps, pg, &o, NULL, 0)) return 3;
   if (c->fwd && dg_ddp_overlap_optimizer(ddp, opt)) return 3;
   struct timespec t0, t1;
   for (int s = 0; s < k_batches[r]; s++) {
     dg_tensor *loss = du_loss(ctx, m, first_row(s, r), M);
     if (!loss || dg_backward(ctx, loss)) {
-      fprintf(stderr, "rank %d step %d: %s\n", r, s, dg_errmsg(ctx));
+      fprintf(stderr, "rank %d step %d: %s\n", r, s, dg_ctx_errmsg(ctx));
       return 4;
     }
     CHECK_EQ_INT(dg_ddp_step_ready(ddp), !c->fwd);

@@ -260,8 +260,8 @@ static void print_tensor(const char *tag, int step, int id, const dg_tensor *t) 
 }
 
 static int report(run_t *r, int rc) {
-  if (!rc) rc = dg_errcode(r->ctx);
-  printf("E %d %s %s\n", r->step, dg_err_name(rc ? rc : DG_EINVAL), dg_errmsg(r->ctx));
+  if (!rc) rc = dg_ctx_errcode(r->ctx);
+  printf("E %d %s %s\n", r->step, dg_err_name(rc ? rc : DG_EINVAL), dg_ctx_errmsg(r->ctx));
   return rc ? rc : DG_EINVAL;
 }
 
@@ -305,11 +305,11 @@ static int make_persistent(run_t *r, const prog_t *p) {
     const val_t *v = find_val(p, l->id, -1);
     if (l->kind == L_DATA || l->kind == L_GDATA) continue;
     if (!v) return DG_EINVAL;
-    int rc = l->kind == L_PERS ? dg_tensor_new(&r->keep[l->id], DG_F32, v->ndim, v->shape)
+    int rc = l->kind == L_PERS ? dg_tensor_new(&r->keep[l->id], DG_F32, v->ndim, v->shape, NULL, 0)
                                : dg_params_add(r->ps, l->name, v->ndim, v->shape, &r->keep[l->id]);
     if (rc) return rc;
     if (l->kind == L_PERS) dg_tensor_set_requires_grad(r->keep[l->id], 1);
-    if (l->kind == L_FROZEN) dg_params_set_trainable(r->ps, dg_param_index(r->keep[l->id]), 0);
+    if (l->kind == L_FROZEN) dg_params_set_trainable(r->ps, dg_tensor_param_index(r->keep[l->id]), 0);
   }
   for (int i = 0; i < p->nleaves; i++) {
     const leaf_t *l = &p->leaves[i];
@@ -325,12 +325,12 @@ static int make_optim(run_t *r, const prog_t *p) {
   if (!p->optim[0] || !strcmp(p->optim, "none")) return DG_OK;
   if (!strcmp(p->optim, "sgd")) {
     dg_sgd_opts o = {(float)a[0], (float)a[1], (float)a[2], (int)a[3], (float)a[4]};
-    return dg_optim_sgd_new(&r->opt, r->ps, &o);
+    return dg_optim_new_sgd(&r->opt, r->ps, &o, NULL, 0);
   }
   if (!strcmp(p->optim, "adamw") || !strcmp(p->optim, "lamb")) {
     dg_adamw_opts o = {(float)a[0], (float)a[1], (float)a[2], (float)a[3], (float)a[4]};
-    return !strcmp(p->optim, "adamw") ? dg_optim_adamw_new(&r->opt, r->ps, &o)
-                                      : dg_optim_lamb_new(&r->opt, r->ps, &o);
+    return !strcmp(p->optim, "adamw") ? dg_optim_new_adamw(&r->opt, r->ps, &o, NULL, 0)
+                                      : dg_optim_new_lamb(&r->opt, r->ps, &o, NULL, 0);
   }
   if (!strcmp(p->optim, "lars")) {
     dg_lars_opts o = dg_lars_defaults();
@@ -338,7 +338,7 @@ static int make_optim(run_t *r, const prog_t *p) {
     o.trust_coef = (float)a[3], o.eps = (float)a[4], o.adapt_1d = (int)a[5];
     g_suffix = p->osuffix;
     if (p->osuffix[0]) o.exclude_suffixes = &g_suffix, o.n_exclude_suffixes = 1;
-    return dg_optim_lars_new(&r->opt, r->ps, &o);
+    return dg_optim_new_lars(&r->opt, r->ps, &o, NULL, 0);
   }
   return DG_EINVAL;
 }
@@ -468,7 +468,7 @@ static int run_op(run_t *r, const op_t *o) {
   else if (o->code <= OP_MSE) y = run_math(r, o);
   else y = run_nn(r, o);
   r->t[o->out[0]] = y;
-  return y ? DG_OK : (dg_errcode(r->ctx) ? dg_errcode(r->ctx) : DG_EINVAL);
+  return y ? DG_OK : (dg_ctx_errcode(r->ctx) ? dg_ctx_errcode(r->ctx) : DG_EINVAL);
 }
 
 /* ---- one step ---- */
@@ -484,7 +484,7 @@ static int step_inputs(run_t *r, const prog_t *p) {
     const val_t *v = find_val(p, l->id, r->step);
     if (!v) return DG_EINVAL;
     r->t[l->id] = make_data(r, l, v);
-    if (!r->t[l->id]) return dg_errcode(r->ctx) ? dg_errcode(r->ctx) : DG_ENOMEM;
+    if (!r->t[l->id]) return dg_ctx_errcode(r->ctx) ? dg_ctx_errcode(r->ctx) : DG_ENOMEM;
   }
   return DG_OK;
 }

@@ -119,7 +119,7 @@ static void *rank_main(void *p) {
   dg_pg_opts o = {.rank = a->rank, .world_size = a->W, .store = a->store, .timeout_ms = 60000,
                   .no_shm = g_no_shm};
   dg_pg_opts_from_env(&o); /* the meson cases set DG_BACKEND, DG_SHM */
-  int rc = dg_pg_new_ex(&pg, &o, err, sizeof err);
+  int rc = dg_pg_new(&pg, &o, err, sizeof err);
   TCHECK(rc == DG_OK, "rank %d/%d init: %s", a->rank, a->W, err);
   if (rc != DG_OK) return NULL;
   TCHECK(dg_pg_all_dgrad(pg), "all_dgrad");
@@ -148,12 +148,12 @@ static void *rank_main(void *p) {
 static void run_world(int W) {
   fprintf(stderr, "-- world size %d\n", W);
   dg_store *root = NULL;
-  CHECK_OK(dg_mem_store_new(&root, 60000));
+  CHECK_OK(dg_store_new_mem(&root, 60000));
   pthread_t th[8];
   rank_arg a[8];
   for (int r = 0; r < W; r++) {
     a[r] = (rank_arg){r, W, NULL};
-    CHECK_OK(dg_mem_store_clone(&a[r].store, root));
+    CHECK_OK(dg_store_clone(&a[r].store, root));
     pthread_create(&th[r], NULL, rank_main, &a[r]);
   }
   for (int r = 0; r < W; r++) {

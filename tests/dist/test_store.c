@@ -81,7 +81,7 @@ static void *client(void *p) {
   cl_arg *a = p;
   dg_tcp_store_opts o = {.host = "127.0.0.1", .port = a->port, .timeout_ms = 10000};
   dg_store *s = NULL;
-  if (dg_tcp_store_new(&s, &o) != DG_OK) return (void *)1;
+  if (dg_store_new_tcp(&s, &o, NULL, 0) != DG_OK) return (void *)1;
   char key[32], next[32], want[32];
   snprintf(key, sizeof key, "k%d", a->id);
   snprintf(next, sizeof next, "k%d", (a->id + 1) % a->n);
@@ -106,7 +106,7 @@ static void *client(void *p) {
 static void tcp_many(void) {
   dg_tcp_store_opts so = {.host = "127.0.0.1", .port = 0, .is_server = 1, .timeout_ms = 10000};
   dg_store *srv = NULL;
-  CHECK_OK(dg_tcp_store_new(&srv, &so));
+  CHECK_OK(dg_store_new_tcp(&srv, &so, NULL, 0));
   REQUIRE(srv);
   enum { N = 32 };
   pthread_t th[N];
@@ -129,7 +129,7 @@ static void *worker(void *p) {
   int port = *(int *)p;
   dg_tcp_store_opts o = {.port = port, .world_size = 3, .wait_workers = 1, .timeout_ms = 5000};
   dg_store *s = NULL;
-  int rc = dg_tcp_store_new(&s, &o);
+  int rc = dg_store_new_tcp(&s, &o, NULL, 0);
   dg_store_free(s);
   return (void *)(long)rc;
 }
@@ -138,7 +138,7 @@ static void tcp_workers(void) {
   dg_tcp_store_opts so = {.port = 0, .is_server = 1, .timeout_ms = 5000};
   dg_store *probe = NULL;
   /* Pick a port by starting and stopping a server. */
-  CHECK_OK(dg_tcp_store_new(&probe, &so));
+  CHECK_OK(dg_store_new_tcp(&probe, &so, NULL, 0));
   int port = dg_store_port(probe);
   dg_store_free(probe);
   pthread_t t[2];
@@ -146,7 +146,7 @@ static void tcp_workers(void) {
   dg_tcp_store_opts mo = {.port = port, .is_server = 1, .world_size = 3, .wait_workers = 1,
                           .timeout_ms = 5000};
   dg_store *m = NULL;
-  CHECK_OK(dg_tcp_store_new(&m, &mo));
+  CHECK_OK(dg_store_new_tcp(&m, &mo, NULL, 0));
   for (int i = 0; i < 2; i++) {
     void *r;
     pthread_join(t[i], &r);
@@ -157,11 +157,11 @@ static void tcp_workers(void) {
 
 int main(void) {
   dg_store *m = NULL, *m2 = NULL, *p = NULL, *f = NULL, *t = NULL;
-  CHECK_OK(dg_mem_store_new(&m, 5000));
+  CHECK_OK(dg_store_new_mem(&m, 5000));
   basic(m, "mem");
-  CHECK_OK(dg_mem_store_clone(&m2, m));
+  CHECK_OK(dg_store_clone(&m2, m));
   check_get(m2, "a", "hello");
-  CHECK_OK(dg_prefix_store_new(&p, m2, "pfx"));
+  CHECK_OK(dg_store_new_prefix(&p, m2, "pfx"));
   basic(p, "prefix");
   check_get(m, "pfx/a", "hello");
   dg_store_free(p);
@@ -170,7 +170,7 @@ int main(void) {
 
   char dir[] = "/tmp/dg_fstoreXXXXXX";
   REQUIRE(mkdtemp(dir));
-  CHECK_OK(dg_file_store_new(&f, dir, 5000));
+  CHECK_OK(dg_store_new_file(&f, dir, 5000, NULL, 0));
   basic(f, "file");
   CHECK_EQ_INT(dg_store_set(f, "a", "again", 5), DG_ESTATE); /* Gloo: set once */
   dg_store_free(f);
@@ -179,7 +179,7 @@ int main(void) {
   CHECK(system(cmd) == 0);
 
   dg_tcp_store_opts so = {.host = "127.0.0.1", .port = 0, .is_server = 1, .timeout_ms = 5000};
-  CHECK_OK(dg_tcp_store_new(&t, &so));
+  CHECK_OK(dg_store_new_tcp(&t, &so, NULL, 0));
   REQUIRE(t);
   CHECK(dg_store_port(t) > 0);
   basic(t, "tcp");

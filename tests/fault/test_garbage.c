@@ -24,7 +24,7 @@ static void *rank0(void *p) {
   char err[256];
   dg_pg_opts o = {.rank = 0, .world_size = 2, .store = a->st, .timeout_ms = 5000};
   dg_pg_opts_from_env(&o); /* DG_SHM of the meson case */
-  a->rc = dg_pg_new_ex(&pg, &o, err, sizeof err);
+  a->rc = dg_pg_new(&pg, &o, err, sizeof err);
   if (a->rc != DG_OK) {
     snprintf(a->msg, sizeof a->msg, "init: %s", err);
     return NULL;
@@ -42,7 +42,7 @@ static void *rank0(void *p) {
 
 static void scenario(int kind) {
   dg_store *st = NULL;
-  CHECK_OK(dg_mem_store_new(&st, 10000));
+  CHECK_OK(dg_store_new_mem(&st, 10000));
   r0_arg a = {.st = st, .delay_ms = kind == 0 || kind == 1 ? 300 : 0};
   pthread_t t;
   pthread_create(&t, NULL, rank0, &a);
@@ -87,7 +87,7 @@ static int closed_by_server(int fd) {
 static void store_garbage(void) {
   dg_tcp_store_opts so = {.host = "127.0.0.1", .is_server = 1, .timeout_ms = 5000};
   dg_store *srv = NULL;
-  CHECK_OK(dg_tcp_store_new(&srv, &so));
+  CHECK_OK(dg_store_new_tcp(&srv, &so, NULL, 0));
   REQUIRE(srv);
   int port = dg_store_port(srv);
   unsigned char huge_key[9] = {0}; /* SET with a 2^40-byte key */

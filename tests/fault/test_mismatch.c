@@ -18,15 +18,15 @@ static void *rank_main(void *p) {
   dg_pg *pg = NULL;
   dg_pg_opts o = {.rank = a->rank, .world_size = a->world, .store = a->st, .timeout_ms = 5000};
   dg_pg_opts_from_env(&o); /* DG_BACKEND, DG_SHM of the meson cases */
-  a->rc = dg_pg_new_ex(&pg, &o, a->err, sizeof a->err);
+  a->rc = dg_pg_new(&pg, &o, a->err, sizeof a->err);
   dg_pg_free(pg);
   return NULL;
 }
 
 int main(void) {
   dg_store *st = NULL, *st2 = NULL;
-  CHECK_OK(dg_mem_store_new(&st, 5000));
-  CHECK_OK(dg_mem_store_clone(&st2, st));
+  CHECK_OK(dg_store_new_mem(&st, 5000));
+  CHECK_OK(dg_store_clone(&st2, st));
   arg_t a[2] = {{st, 0, 2, 0, ""}, {st2, 1, 3, 0, ""}};
   pthread_t t[2];
   for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, rank_main, &a[i]);
@@ -41,7 +41,7 @@ int main(void) {
   dg_store_free(st);
 
   /* A "rank 1" that announces another version. */
-  CHECK_OK(dg_mem_store_new(&st, 5000));
+  CHECK_OK(dg_store_new_mem(&st, 5000));
   const char *info = "dgrad 9.9.9 world=2";
   unsigned char blob[136] = {2, 0, 0x30, 0x39, 127, 0, 0, 1};
   CHECK_OK(dg_store_set(st, "default_pg/0/dgrad_info/1", info, strlen(info)));

@@ -21,7 +21,7 @@ typedef dg_tensor *(*gc_fn)(dg_ctx *ctx, dg_tensor **in, void *user);
 static inline dg_tensor *gc_input(int ndim, const int64_t *shape, float lo, float hi,
                                   uint64_t seed) {
   dg_tensor *t = NULL;
-  if (dg_tensor_new(&t, DG_F32, ndim, shape)) return NULL;
+  if (dg_tensor_new(&t, DG_F32, ndim, shape, NULL, 0)) return NULL;
   float *d = dg_tensor_data(t);
   size_t n = (size_t)dg_tensor_numel(t);
   dg_rng_uniform(seed, 0, d, n);
@@ -33,11 +33,11 @@ static inline dg_tensor *gc_input(int ndim, const int64_t *shape, float lo, floa
 static inline double gc_loss(dg_ctx *ctx, gc_fn f, void *user, dg_tensor **in,
                              const float *w, int *ok) {
   dg_ctx_reset(ctx);
-  int prev = dg_set_grad_enabled(ctx, 0);
+  int prev = dg_ctx_set_grad_enabled(ctx, 0);
   dg_tensor *out = f(ctx, in, user);
-  dg_set_grad_enabled(ctx, prev);
+  dg_ctx_set_grad_enabled(ctx, prev);
   if (!out) {
-    fprintf(stderr, "gradcheck: forward failed: %s\n", dg_errmsg(ctx));
+    fprintf(stderr, "gradcheck: forward failed: %s\n", dg_ctx_errmsg(ctx));
     *ok = 0;
     return 0;
   }
@@ -53,7 +53,7 @@ static inline int gc_check(const char *name, gc_fn f, void *user, int nin, dg_te
   dg_ctx_seed(ctx, 1234);
   dg_tensor *out = f(ctx, in, user);
   if (!out) {
-    fprintf(stderr, "FAIL %s: forward failed: %s\n", name, dg_errmsg(ctx));
+    fprintf(stderr, "FAIL %s: forward failed: %s\n", name, dg_ctx_errmsg(ctx));
     dg_ctx_free(ctx);
     return 1;
   }
@@ -68,7 +68,7 @@ static inline int gc_check(const char *name, gc_fn f, void *user, int nin, dg_te
   int bad = 0, kinks = 0, ok = 1;
   dg_tensor *wt = dg_from_data(ctx, DG_F32, dg_tensor_ndim(out), dg_tensor_shape(out), w);
   if (!wt || dg_backward_with(ctx, out, wt)) {
-    fprintf(stderr, "FAIL %s: backward failed: %s\n", name, dg_errmsg(ctx));
+    fprintf(stderr, "FAIL %s: backward failed: %s\n", name, dg_ctx_errmsg(ctx));
     bad = 1;
   }
   for (int k = 0; k < nin && !bad; k++) {

@@ -451,7 +451,7 @@ static int prior_step(dg_ctx *ctx, const binding *b, run_state *r, int mode, flo
                       const char *label) {
   dg_tensor *y = bound_fn(ctx, r->in, (void *)b);
   if (!y || dg_backward(ctx, y)) {
-    fprintf(stderr, "FAIL %s: first step failed: %s\n", label, dg_errmsg(ctx));
+    fprintf(stderr, "FAIL %s: first step failed: %s\n", label, dg_ctx_errmsg(ctx));
     return 1;
   }
   for (int l = 0; l < b->nleaf; l++) {
@@ -481,14 +481,14 @@ static int tied_run(dg_ctx *ctx, const binding *b, int mode, uint64_t seed, run_
   dg_ctx_reset(ctx);
   dg_tensor *y = bound_fn(ctx, r->in, (void *)b);
   if (!y) {
-    fprintf(stderr, "FAIL %s: forward failed: %s\n", label, dg_errmsg(ctx));
+    fprintf(stderr, "FAIL %s: forward failed: %s\n", label, dg_ctx_errmsg(ctx));
     return 1;
   }
   int64_t ny = dg_tensor_numel(y);
   r->w = weights(ny, 777);
   dg_tensor *wt = dg_from_data(ctx, DG_F32, dg_tensor_ndim(y), dg_tensor_shape(y), r->w);
   if (!wt || dg_backward_with(ctx, y, wt)) {
-    fprintf(stderr, "FAIL %s: backward failed: %s\n", label, dg_errmsg(ctx));
+    fprintf(stderr, "FAIL %s: backward failed: %s\n", label, dg_ctx_errmsg(ctx));
     return 1;
   }
   int bad = 0;

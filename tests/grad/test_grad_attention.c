@@ -129,10 +129,10 @@ static void vs_unfused(int threads) {
     CHECK(dgr <= 2e-6 * (1 + sg));
     /* eval: same output, no node */
     dg_ctx_reset(ctx);
-    int prev = dg_set_grad_enabled(ctx, 0);
+    int prev = dg_ctx_set_grad_enabled(ctx, 0);
     dg_tensor *in[1] = {x};
     dg_tensor *ye = f_fused(ctx, in, &c);
-    dg_set_grad_enabled(ctx, prev);
+    dg_ctx_set_grad_enabled(ctx, prev);
     REQUIRE(ye);
     CHECK(!dg_tensor_requires_grad(ye));
     double se;
@@ -174,39 +174,39 @@ static void errors(dg_ctx *ctx) {
   int64_t s3[3] = {2, 4, 12}, s2[2] = {4, 12};
   dg_tensor *x = dg_zeros(ctx, DG_F32, 3, s3);
   CHECK(dg_attention(ctx, x, 3, 1, 1.0f) == NULL); /* 12 = 3C, C = 4: 4 % 3 != 0 */
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "attention");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(2, 4, 12)");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "attention");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(2, 4, 12)");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_attention(ctx, dg_zeros(ctx, DG_F32, 2, s2), 1, 1, 1.0f) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_attention(ctx, x, 0, 1, 1.0f) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_attention(ctx, x, 2, 1, INFINITY) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_attention(ctx, NULL, 2, 1, 1.0f) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_attention(ctx, dg_zeros(ctx, DG_I32, 3, s3), 2, 1, 1.0f) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EDTYPE);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EDTYPE);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_attention(ctx, x, 2, 1, 1.0f) != NULL);
   /* empty: T = 0 and B = 0, with and without grad */
   int64_t e1[3] = {2, 0, 12}, e2[3] = {0, 3, 12};
   for (int k = 0; k < 2; k++) {
     dg_tensor *e = NULL;
-    REQUIRE(dg_tensor_new(&e, DG_F32, 3, k ? e2 : e1) == DG_OK);
+    REQUIRE(dg_tensor_new(&e, DG_F32, 3, k ? e2 : e1, NULL, 0) == DG_OK);
     dg_tensor_set_requires_grad(e, 1);
     dg_tensor *y = dg_attention(ctx, e, 2, 1, 1.0f);
     REQUIRE(y);
     CHECK_EQ_INT(dg_tensor_numel(y), 0);
     CHECK_OK(dg_backward(ctx, dg_sum(ctx, y)));
-    int prev = dg_set_grad_enabled(ctx, 0);
+    int prev = dg_ctx_set_grad_enabled(ctx, 0);
     CHECK(dg_attention(ctx, e, 2, 0, 1.0f) != NULL);
-    dg_set_grad_enabled(ctx, prev);
+    dg_ctx_set_grad_enabled(ctx, prev);
     dg_tensor_free(e);
   }
 }

@@ -87,7 +87,7 @@ static void grad_conv(const char *name, conv_cfg c, uint64_t seed, int x_grad) {
  * 0.05 apart: no ties, and finite-difference steps never reorder a window. */
 static dg_tensor *distinct_input(const int64_t *shape, uint64_t seed) {
   dg_tensor *t = NULL;
-  if (dg_tensor_new(&t, DG_F32, 4, shape)) return NULL;
+  if (dg_tensor_new(&t, DG_F32, 4, shape, NULL, 0)) return NULL;
   float *d = dg_tensor_data(t);
   int64_t P = shape[2] * shape[3], planes = shape[0] * shape[1];
   float u[1];
@@ -188,37 +188,37 @@ static void errors(void) {
   int64_t xs[4] = {2, 3, 5, 6}, ws[4] = {4, 2, 3, 3}, bs[1] = {5}, w2s[4] = {4, 3, 7, 3};
   dg_tensor *x = dg_zeros(ctx, DG_F32, 4, xs), *w = dg_zeros(ctx, DG_F32, 4, ws);
   CHECK(dg_conv2d(ctx, x, w, NULL, 1, 0) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "conv2d");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(2, 3, 5, 6)");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(4, 2, 3, 3)");
-  CHECK_STR_HAS(dg_errmsg(ctx), "stride 1, pad 0");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "conv2d");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(2, 3, 5, 6)");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(4, 2, 3, 3)");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "stride 1, pad 0");
+  dg_ctx_clear_error(ctx);
   ws[1] = 3;
   w = dg_zeros(ctx, DG_F32, 4, ws);
   dg_tensor *b = dg_zeros(ctx, DG_F32, 1, bs);
   CHECK(dg_conv2d(ctx, x, w, b, 1, 0) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "(5)");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(5)");
+  dg_ctx_clear_error(ctx);
   dg_tensor *w2 = dg_zeros(ctx, DG_F32, 4, w2s); /* kernel 7 > 5 + 2*0 */
   CHECK(dg_conv2d(ctx, x, w2, NULL, 2, 0) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "(4, 3, 7, 3)");
-  CHECK_STR_HAS(dg_errmsg(ctx), "stride 2, pad 0");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(4, 3, 7, 3)");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "stride 2, pad 0");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_conv2d(ctx, x, w2, NULL, 1, 1) != NULL); /* 5 + 2 >= 7 fits */
   CHECK(dg_conv2d(ctx, x, w, NULL, 0, 0) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "stride 0");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "stride 0");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_conv2d(ctx, NULL, w, NULL, 1, 0) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "conv2d");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "conv2d");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_maxpool2d(ctx, x, 6, 1) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "maxpool2d");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(2, 3, 5, 6)");
-  CHECK_STR_HAS(dg_errmsg(ctx), "window 6");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "maxpool2d");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(2, 3, 5, 6)");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "window 6");
+  dg_ctx_clear_error(ctx);
   int64_t s3[3] = {3, 5, 6};
   CHECK(dg_maxpool2d(ctx, dg_zeros(ctx, DG_F32, 3, s3), 2, 2) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "(3, 5, 6)");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(3, 5, 6)");
   dg_ctx_free(ctx);
 }
 

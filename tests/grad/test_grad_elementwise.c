@@ -249,7 +249,7 @@ static void check_unary_values(dg_ctx *ctx) {
   float lv[4] = {0.0f, -1.0f, 1.0f, (float)M_E};
   dg_tensor *l = dg_log(ctx, dg_from_data(ctx, DG_F32, 1, s4, lv));
   REQUIRE(l);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_OK);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_OK);
   CHECK(isinf(dg_tensor_get(l, 0)) && dg_tensor_get(l, 0) < 0);
   CHECK(isnan(dg_tensor_get(l, 1)));
   CHECK_NEAR(dg_tensor_get(l, 2), 0, 0);
@@ -264,32 +264,32 @@ static void check_errors(void) {
   int64_t s23[2] = {2, 3}, s4[1] = {4}, s32[2] = {3, 2};
   dg_tensor *a = dg_zeros(ctx, DG_F32, 2, s23), *b = dg_zeros(ctx, DG_F32, 1, s4);
   for (int op = 0; op < 4; op++) {
-    dg_clear_error(ctx);
+    dg_ctx_clear_error(ctx);
     CHECK(binops[op](ctx, a, b) == NULL);
-    CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-    CHECK_STR_HAS(dg_errmsg(ctx), binop_names[op]);
-    CHECK_STR_HAS(dg_errmsg(ctx), "(2, 3)");
-    CHECK_STR_HAS(dg_errmsg(ctx), "(4)");
+    CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+    CHECK_STR_HAS(dg_ctx_errmsg(ctx), binop_names[op]);
+    CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(2, 3)");
+    CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(4)");
   }
-  dg_clear_error(ctx);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_mul(ctx, a, dg_zeros(ctx, DG_F32, 2, s32)) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "(3, 2)");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(3, 2)");
+  dg_ctx_clear_error(ctx);
   dg_tensor *ai = dg_zeros(ctx, DG_I32, 2, s23);
   CHECK(dg_add(ctx, a, ai) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "add");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "add");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_relu(ctx, ai) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "relu");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "relu");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_div(ctx, NULL, a) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "div");
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "div");
   /* NULL chains keep the first error */
-  dg_clear_error(ctx);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_add(ctx, a, b) == NULL);
   CHECK(dg_gelu(ctx, dg_scale(ctx, dg_add(ctx, a, b), 2)) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
   CHECK(dg_add(NULL, a, a) == NULL);
   dg_ctx_free(ctx);
 }

@@ -63,9 +63,9 @@ static void dropout_values(dg_ctx *ctx) {
   float badp[3] = {1.0f, -0.1f, NAN};
   for (int i = 0; i < 3; i++) {
     CHECK(dg_dropout(ctx, x, badp[i]) == NULL);
-    CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-    CHECK_STR_HAS(dg_errmsg(ctx), "dropout");
-    dg_clear_error(ctx);
+    CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+    CHECK_STR_HAS(dg_ctx_errmsg(ctx), "dropout");
+    dg_ctx_clear_error(ctx);
   }
 }
 
@@ -93,7 +93,7 @@ static void grad_mask(void) {
 static void mask_values(dg_ctx *ctx) {
   int64_t s[3] = {2, 3, 3};
   dg_tensor *x = NULL;
-  REQUIRE(dg_tensor_new(&x, DG_F32, 3, s) == DG_OK);
+  REQUIRE(dg_tensor_new(&x, DG_F32, 3, s, NULL, 0) == DG_OK);
   float *xd = dg_tensor_data(x);
   for (int i = 0; i < 18; i++) xd[i] = (float)i;
   dg_tensor_set_requires_grad(x, 1);
@@ -117,10 +117,10 @@ static void mask_values(dg_ctx *ctx) {
   dg_ctx_reset(ctx);
   int64_t r[2] = {3, 4};
   CHECK(dg_causal_mask(ctx, dg_zeros(ctx, DG_F32, 2, r)) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "causal_mask");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(3, 4)");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "causal_mask");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(3, 4)");
+  dg_ctx_clear_error(ctx);
 }
 
 /* ---- concat / split ---- */
@@ -217,24 +217,24 @@ static void concat_values(dg_ctx *ctx) {
   CHECK_NEAR(dg_tensor_get(parts[1], 2), 6, 0);
 
   CHECK(dg_concat(ctx, 2, (dg_tensor *[]){xs[0], dg_zeros(ctx, DG_F32, 2, (int64_t[]){3, 1})}, 1) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "concat");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(3, 1)");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(2, 2)");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "concat");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(3, 1)");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(2, 2)");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_concat(ctx, 2, xs, 2) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_concat(ctx, 2, (dg_tensor *[]){xs[0], NULL}, 1) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  dg_ctx_clear_error(ctx);
   CHECK_EQ_INT(dg_split(ctx, y, 1, 2, (int64_t[]){1, 1}, parts), DG_ESHAPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "split");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(2, 3)");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "split");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(2, 3)");
   CHECK(parts[0] == NULL && parts[1] == NULL);
-  dg_clear_error(ctx);
+  dg_ctx_clear_error(ctx);
   CHECK_EQ_INT(dg_split(ctx, y, 1, 2, (int64_t[]){4, -1}, parts), DG_EINVAL);
-  dg_clear_error(ctx);
+  dg_ctx_clear_error(ctx);
 }
 
 int main(void) {

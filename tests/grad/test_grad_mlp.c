@@ -192,9 +192,9 @@ static void vs_unfused(int threads) {
     CHECK(d <= 2e-6 * (1 + s));
     /* eval: the same output, no node */
     dg_ctx_reset(ctx);
-    int prev = dg_set_grad_enabled(ctx, 0);
+    int prev = dg_ctx_set_grad_enabled(ctx, 0);
     dg_tensor *ye = f_fused(ctx, in, &c);
-    dg_set_grad_enabled(ctx, prev);
+    dg_ctx_set_grad_enabled(ctx, prev);
     REQUIRE(ye);
     CHECK(!dg_tensor_requires_grad(ye));
     CHECK(memcmp(dg_tensor_data(ye), a, (size_t)ny * sizeof *a) == 0);
@@ -211,43 +211,43 @@ static void errors(dg_ctx *ctx) {
   dg_tensor *w2 = dg_zeros(ctx, DG_F32, 2, s2);
   CHECK(dg_mlp_gelu(ctx, x, w1, NULL, w2, NULL) != NULL);
   CHECK(dg_mlp_gelu(ctx, x, dg_zeros(ctx, DG_F32, 2, bad), NULL, w2, NULL) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "mlp_gelu");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(8, 5)");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "mlp_gelu");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(8, 5)");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_mlp_gelu(ctx, x, w1, NULL, w1, NULL) == NULL); /* w2 (8, 4): want (O, 8) */
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_mlp_gelu(ctx, x, w1, dg_zeros(ctx, DG_F32, 1, &sx[1]), w2, NULL) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_mlp_gelu(ctx, NULL, w1, NULL, w2, NULL) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_mlp_gelu(ctx, dg_zeros(ctx, DG_I32, 2, sx), w1, NULL, w2, NULL) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EDTYPE);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EDTYPE);
+  dg_ctx_clear_error(ctx);
   /* residual forms: res must have the output's shape */
   int64_t so[2] = {3, 2};
   CHECK(dg_mlp_gelu_add(ctx, x, w1, NULL, w2, NULL, dg_zeros(ctx, DG_F32, 2, so)) != NULL);
   CHECK(dg_mlp_gelu_add(ctx, x, w1, NULL, w2, NULL, x) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "residual");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "residual");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_mlp_gelu_add(ctx, x, w1, NULL, w2, NULL, NULL) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_linear_add(ctx, x, w1, NULL, x) == NULL); /* (3, 8) output, (3, 4) res */
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "(3, 8)");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(3, 8)");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_linear_add(ctx, x, w1, NULL, NULL) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  dg_ctx_clear_error(ctx);
   /* no rows: an empty output, backward runs */
   int64_t e[3] = {2, 0, 4};
   dg_tensor *ex = NULL;
-  REQUIRE(dg_tensor_new(&ex, DG_F32, 3, e) == DG_OK);
+  REQUIRE(dg_tensor_new(&ex, DG_F32, 3, e, NULL, 0) == DG_OK);
   dg_tensor_set_requires_grad(ex, 1);
   dg_tensor *y = dg_mlp_gelu(ctx, ex, w1, NULL, w2, NULL);
   REQUIRE(y);

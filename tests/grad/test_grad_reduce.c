@@ -137,20 +137,20 @@ static void check_errors(dg_ctx *ctx) {
   int64_t s[2] = {2, 3};
   dg_tensor *x = dg_zeros(ctx, DG_F32, 2, s);
   CHECK(dg_sum_dim(ctx, x, 2, 0) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "sum_dim");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(2, 3)");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "sum_dim");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(2, 3)");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_mean_dim(ctx, x, -3, 1) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "mean_dim");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "mean_dim");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_sum(ctx, dg_zeros(ctx, DG_I64, 2, s)) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "sum");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "sum");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_mean(ctx, NULL) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "mean");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "mean");
+  dg_ctx_clear_error(ctx);
 }
 
 /* The loss pattern: mean of a sum_dim seeds every element with 1/(rows). */

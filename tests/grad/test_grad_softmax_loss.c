@@ -116,7 +116,7 @@ static void forward_values(dg_ctx *ctx) {
 static void ce_grad_value(dg_ctx *ctx) {
   int64_t s[2] = {1, 3};
   dg_tensor *x = NULL;
-  REQUIRE(dg_tensor_new(&x, DG_F32, 2, s) == DG_OK);
+  REQUIRE(dg_tensor_new(&x, DG_F32, 2, s, NULL, 0) == DG_OK);
   float *xd = dg_tensor_data(x);
   xd[0] = 1, xd[1] = 2, xd[2] = 3;
   dg_tensor_set_requires_grad(x, 1);
@@ -136,45 +136,45 @@ static void errors(dg_ctx *ctx) {
   dg_tensor *x = dg_zeros(ctx, DG_F32, 2, s);
   dg_tensor *bad_t = dg_zeros(ctx, DG_I64, 1, s3);
   CHECK(dg_cross_entropy(ctx, x, bad_t) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "cross_entropy");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(4, 5)");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(3)");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "cross_entropy");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(4, 5)");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(3)");
+  dg_ctx_clear_error(ctx);
 
   int64_t tv[4] = {0, 1, 7, 2};
   CHECK(dg_cross_entropy(ctx, x, dg_from_data(ctx, DG_I64, 1, s4, tv)) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "row 2");
-  CHECK_STR_HAS(dg_errmsg(ctx), "7");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "row 2");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "7");
+  dg_ctx_clear_error(ctx);
   int32_t tn[4] = {0, -1, 0, 0};
   CHECK(dg_cross_entropy(ctx, x, dg_from_data(ctx, DG_I32, 1, s4, tn)) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "target -1 in row 1");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "target -1 in row 1");
+  dg_ctx_clear_error(ctx);
 
   CHECK(dg_cross_entropy(ctx, x, dg_zeros(ctx, DG_F32, 1, s4)) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EDTYPE);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EDTYPE);
+  dg_ctx_clear_error(ctx);
   CHECK(dg_cross_entropy(ctx, NULL, bad_t) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EINVAL);
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  dg_ctx_clear_error(ctx);
 
   CHECK(dg_mse(ctx, x, dg_zeros(ctx, DG_F32, 1, s4)) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "mse");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(4, 5)");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(4)");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "mse");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(4, 5)");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(4)");
+  dg_ctx_clear_error(ctx);
 
   CHECK(dg_softmax(ctx, dg_zeros(ctx, DG_I32, 2, s)) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EDTYPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "softmax");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EDTYPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "softmax");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_log_softmax(ctx, dg_zeros(ctx, DG_F32, 0, NULL)) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "log_softmax");
-  dg_clear_error(ctx);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "log_softmax");
+  dg_ctx_clear_error(ctx);
 }
 
 int main(void) {

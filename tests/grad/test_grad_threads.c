@@ -100,7 +100,7 @@ static float *run(const op_case *c, int threads, int isa, int64_t *n) {
   if (dg_ctx_new(&ctx, NULL)) return NULL;
   dg_tensor *in[3] = {0};
   for (int k = 0; k < c->nin; k++) {
-    REQUIRE(dg_tensor_new(&in[k], DG_F32, c->ndim[k], c->shape[k]) == DG_OK);
+    REQUIRE(dg_tensor_new(&in[k], DG_F32, c->ndim[k], c->shape[k], NULL, 0) == DG_OK);
     float *d = dg_tensor_data(in[k]);
     int64_t m = dg_tensor_numel(in[k]);
     dg_rng_uniform(100 + (uint64_t)k, 0, d, (size_t)m);

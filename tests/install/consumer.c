@@ -13,7 +13,7 @@ int main(void) {
   dg_tensor *y = dg_linear(ctx, dg_full(ctx, 2, xs, 1.0f), w, NULL);
   dg_tensor *loss = dg_mean(ctx, dg_relu(ctx, y));
   if (!loss || dg_backward(ctx, loss)) {
-    fprintf(stderr, "consumer: %s\n", dg_errmsg(ctx));
+    fprintf(stderr, "consumer: %s\n", dg_ctx_errmsg(ctx));
     return 1;
   }
   printf("dgrad %s: loss %g\n", dg_version(), dg_tensor_item(loss));

@@ -76,10 +76,10 @@ int main(int argc, char **argv) {
   int rc;
   dg_store *fs = NULL;
   if (argc > 2) { /* Gloo FileStore rendezvous with a libgloo program */
-    if (dg_file_store_new(&fs, argv[2], 60000) != DG_OK) return 2;
+    if (dg_store_new_file(&fs, argv[2], 60000, NULL, 0) != DG_OK) return 2;
     dg_pg_opts o = {.rank = atoi(getenv("RANK")), .world_size = atoi(getenv("WORLD_SIZE")),
                     .store = fs, .timeout_ms = 60000, .rendezvous = DG_RDZV_GLOO};
-    rc = dg_pg_new_ex(&pg, &o, err, sizeof err);
+    rc = dg_pg_new(&pg, &o, err, sizeof err);
   } else {
     rc = dg_pg_new_from_env(&pg, 60000, err, sizeof err);
   }

@@ -112,7 +112,7 @@ static void test_transformer_and_cnn(void) {
   /* forward before bind is an error, not a crash */
   int64_t xs[3] = {2, 8, 32};
   CHECK(dg_module_forward(blk, ctx, dg_zeros(ctx, DG_F32, 3, xs)) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "bind");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "bind");
   dg_ctx_reset(ctx);
   CHECK_OK(dg_module_bind(blk, ps, "h.0", 3));
   CHECK(dg_params_find(ps, "h.0.attn.c_attn.weight") != NULL);
@@ -127,7 +127,7 @@ static void test_transformer_and_cnn(void) {
   CHECK_EQ_INT(dg_params_unreached_count(ps), 0);
   int64_t bad[3] = {2, 8, 16};
   CHECK(dg_module_forward(blk, ctx, dg_zeros(ctx, DG_F32, 3, bad)) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "(2, 8, 16)");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(2, 8, 16)");
   dg_ctx_reset(ctx);
   CHECK_OK(dg_nn_conv2d(&conv, 1, 4, 3, 1, 1, 1));
   CHECK_OK(dg_nn_maxpool2d(&pool, 2, 2));

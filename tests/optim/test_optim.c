@@ -135,10 +135,10 @@ static dg_optim *make_optim(const fx_case *c, dg_params *ps) {
   const float *h = c->h;
   if (c->kind == 0) {
     dg_sgd_opts op = {h[0], h[1], h[2], (int)h[3], h[4]};
-    CHECK_OK(dg_optim_sgd_new(&o, ps, &op));
+    CHECK_OK(dg_optim_new_sgd(&o, ps, &op, NULL, 0));
   } else if (c->kind == 1 || c->kind == 2) {
     dg_adamw_opts op = {h[0], h[5], h[6], h[7], h[4]};
-    CHECK_OK(c->kind == 1 ? dg_optim_adamw_new(&o, ps, &op) : dg_optim_lamb_new(&o, ps, &op));
+    CHECK_OK(c->kind == 1 ? dg_optim_new_adamw(&o, ps, &op, NULL, 0) : dg_optim_new_lamb(&o, ps, &op, NULL, 0));
   } else {
     dg_lars_opts op = dg_lars_defaults();
     op.lr = h[0];
@@ -146,7 +146,7 @@ static dg_optim *make_optim(const fx_case *c, dg_params *ps) {
     op.weight_decay = h[4];
     op.trust_coef = h[8];
     op.eps = 0;
-    CHECK_OK(dg_optim_lars_new(&o, ps, &op));
+    CHECK_OK(dg_optim_new_lars(&o, ps, &op, NULL, 0));
   }
   REQUIRE(o);
   return o;
@@ -286,19 +286,23 @@ static void test_misuse(void) {
   dg_params *ps = make_store();
   dg_optim *o = NULL;
   dg_sgd_opts bad = {0.1f, 0.0f, 0.0f, 1, 0.0f}; /* nesterov without momentum */
-  CHECK_EQ_INT(dg_optim_sgd_new(&o, ps, &bad), DG_EINVAL);
+  char err[256] = "";
+  CHECK_EQ_INT(dg_optim_new_sgd(&o, ps, &bad, err, sizeof err), DG_EINVAL);
   CHECK(o == NULL);
+  CHECK(strstr(err, "nesterov 1") != NULL); /* the detail names the options */
   dg_adamw_opts ab = dg_adamw_defaults();
   ab.beta1 = 1.0f;
-  CHECK_EQ_INT(dg_optim_adamw_new(&o, ps, &ab), DG_EINVAL);
-  CHECK_EQ_INT(dg_optim_lamb_new(&o, NULL, NULL), DG_EINVAL);
-  CHECK_OK(dg_optim_adamw_new(&o, ps, NULL));
+  CHECK_EQ_INT(dg_optim_new_adamw(&o, ps, &ab, err, sizeof err), DG_EINVAL);
+  CHECK(strstr(err, "betas 1 0.999") != NULL);
+  CHECK_EQ_INT(dg_optim_new_lamb(&o, NULL, NULL, NULL, 0), DG_EINVAL);
+  CHECK_OK(dg_optim_new_adamw(&o, ps, NULL, NULL, 0));
   CHECK(!strcmp(dg_optim_name(o), "adamw"));
   dg_optim_set_lr(o, 0.5f);
-  CHECK_EQ_INT(dg_optim_get_lr(o) == 0.5f, 1);
+  CHECK_EQ_INT(dg_optim_lr(o) == 0.5f, 1);
   int64_t shape[1] = {7};
   CHECK_OK(dg_params_add(ps, "late", 1, shape, NULL));
   CHECK_EQ_INT(dg_optim_step(o), DG_ESTATE);
+  CHECK(strstr(dg_optim_errmsg(o), "store changed") != NULL);
   dg_optim_free(o);
   dg_params_free(ps);
 }
@@ -324,7 +328,7 @@ static void test_lars_exclusion(void) {
       op.exclude = exclude_all;
     }
     dg_optim *o = NULL;
-    CHECK_OK(dg_optim_lars_new(&o, ps, &op));
+    CHECK_OK(dg_optim_new_lars(&o, ps, &op, NULL, 0));
     float *w = dg_params_data(ps, NULL), *g = dg_params_grad(ps, NULL);
     put(ps, g, F.grads);
     CHECK_OK(dg_optim_step(o));

@@ -313,7 +313,7 @@ static inline dg_tensor *ref_param(const ref_env *env, const char *name) {
 
 static inline dg_tensor *ref_new_tensor(const ref_tensor *r) {
   dg_tensor *t = NULL;
-  if (dg_tensor_new(&t, r->dtype, r->ndim, r->dims)) return NULL;
+  if (dg_tensor_new(&t, r->dtype, r->ndim, r->dims, NULL, 0)) return NULL;
   memcpy(dg_tensor_data(t), r->data, (size_t)r->numel * dg_dtype_size(r->dtype));
   return t;
 }
@@ -396,7 +396,7 @@ static inline int ref_env_pass(ref_env *env, ref_forward_fn fwd, void *user, dou
   }
   dg_tensor *loss = fwd(env, &out, user);
   if (!loss || !out) {
-    T_FAIL_("%s: forward (pass %d) failed: %s", env->model, pass, dg_errmsg(env->ctx));
+    T_FAIL_("%s: forward (pass %d) failed: %s", env->model, pass, dg_ctx_errmsg(env->ctx));
     return 1;
   }
   for (int i = 0; i < env->fx.count; i++) {
@@ -408,7 +408,7 @@ static inline int ref_env_pass(ref_env *env, ref_forward_fn fwd, void *user, dou
   int rc = dg_backward(env->ctx, loss);
   if (rc) {
     T_FAIL_("%s: dg_backward (pass %d): %s: %s", env->model, pass, dg_strerror(rc),
-            dg_errmsg(env->ctx));
+            dg_ctx_errmsg(env->ctx));
     return bad + 1;
   }
   int ngrad = 0;

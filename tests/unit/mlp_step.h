@@ -19,7 +19,7 @@ static inline int mlp_build(dg_params *ps) {
   return DG_OK;
 }
 
-/* Returns DG_OK and the loss, or an error code (detail in dg_errmsg). */
+/* Returns DG_OK and the loss, or an error code (detail in dg_ctx_errmsg). */
 static inline int mlp_step(dg_ctx *ctx, dg_params *ps, float *x, int64_t *y, int B, float *loss) {
   int64_t xs[2] = {B, 20}, ys[1] = {B};
   dg_params_zero_grad(ps);
@@ -28,7 +28,7 @@ static inline int mlp_step(dg_ctx *ctx, dg_params *ps, float *x, int64_t *y, int
   dg_tensor *h = dg_relu(ctx, dg_linear(ctx, xt, dg_params_get(ps, 0), dg_params_get(ps, 1)));
   dg_tensor *o = dg_linear(ctx, h, dg_params_get(ps, 2), dg_params_get(ps, 3));
   dg_tensor *l = dg_cross_entropy(ctx, o, yt);
-  if (!l) return dg_errcode(ctx) ? dg_errcode(ctx) : DG_EINVAL;
+  if (!l) return dg_ctx_errcode(ctx) ? dg_ctx_errcode(ctx) : DG_EINVAL;
   int rc = dg_backward(ctx, l);
   if (rc) return rc;
   *loss = dg_tensor_item(l);

@@ -94,9 +94,9 @@ int main(void) {
   CHECK_EQ_INT(r.end_calls, 1);
   CHECK_EQ_INT(r.end_after_ready, 4);
   CHECK_EQ_INT(dg_params_unreached_count(ps), 1);
-  CHECK_EQ_INT(dg_param_reached(ps, 3), 0);
-  CHECK_EQ_INT(dg_param_reached(ps, 0), 1);
-  CHECK_EQ_INT(dg_tape_size(ctx), 0); /* backward consumed the tape */
+  CHECK_EQ_INT(dg_params_reached(ps, 3), 0);
+  CHECK_EQ_INT(dg_params_reached(ps, 0), 1);
+  CHECK_EQ_INT(dg_ctx_tape_size(ctx), 0); /* backward consumed the tape */
   /* gradients were final when their hook fired */
   for (int i = 0; i < 3; i++) {
     dg_tensor *g = dg_tensor_grad(dg_params_get(ps, i));
@@ -120,13 +120,13 @@ int main(void) {
   CHECK_OK(dg_ctx_remove_hook(ctx, id2));
   CHECK_OK(dg_ctx_remove_hook(ctx, id3));
   CHECK_EQ_INT(dg_ctx_remove_hook(ctx, id3), DG_ENOTFOUND);
-  int prev = dg_set_grad_enabled(ctx, 0);
+  int prev = dg_ctx_set_grad_enabled(ctx, 0);
   CHECK_EQ_INT(prev, 1);
   loss = forward(ctx, ps, xin);
-  CHECK_EQ_INT(dg_tape_size(ctx), 0);
+  CHECK_EQ_INT(dg_ctx_tape_size(ctx), 0);
   CHECK_EQ_INT(dg_backward(ctx, loss), DG_EINVAL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "backward");
-  dg_set_grad_enabled(ctx, 1);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "backward");
+  dg_ctx_set_grad_enabled(ctx, 1);
   CHECK_EQ_INT(r.n, 8); /* removed hooks stay silent */
 
   /* a frozen parameter gets no gradient and no hook */

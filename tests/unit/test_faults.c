@@ -31,7 +31,7 @@ static int attempt(void) {
     rc = mlp_step(ctx, ps, x, y, B, &loss);
     if (rc) {
       CHECK_EQ_INT(rc, DG_ENOMEM);
-      CHECK_STR_HAS(dg_errmsg(ctx), "memory");
+      CHECK_STR_HAS(dg_ctx_errmsg(ctx), "memory");
       goto out;
     }
   }

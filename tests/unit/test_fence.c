@@ -122,7 +122,7 @@ static void check_ops(dg_ctx *c, env *e) {
     int before = g_landed;
     dg_tensor *got = readers[k].fn(c, e);
     if (!want || !got) {
-      T_FAIL_("%s: failed: %s", readers[k].name, dg_errmsg(c));
+      T_FAIL_("%s: failed: %s", readers[k].name, dg_ctx_errmsg(c));
       continue;
     }
     if (g_landed == before)
@@ -150,8 +150,8 @@ static void check_raw(env *e) {
   CHECK_NEAR(dg_tensor_get(e->w, 0), w0 + 1.0f, 0);
   rearm(e, w0);
   dg_tensor *dst = NULL;
-  REQUIRE(dg_tensor_new(&dst, DG_F32, 2, (int64_t[]){2, 2}) == DG_OK);
-  CHECK_OK(dg_tensor_copy(dst, e->w));
+  REQUIRE(dg_tensor_new(&dst, DG_F32, 2, (int64_t[]){2, 2}, NULL, 0) == DG_OK);
+  CHECK_OK(dg_tensor_copy(dst, e->w, NULL, 0));
   CHECK_NEAR(dg_tensor_get(dst, 0), w0 + 1.0f, 0);
   dg_tensor_free(dst);
   rearm(e, w0);

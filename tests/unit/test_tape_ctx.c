@@ -27,7 +27,7 @@ static void on_ready(void *u, dg_params *ps, int i, int reached) {
 /* A persistent scalar leaf that requires grad (its ops record nodes). */
 static dg_tensor *leaf(float v) {
   dg_tensor *t = NULL;
-  if (dg_tensor_new(&t, DG_F32, 1, (int64_t[]){1})) return NULL;
+  if (dg_tensor_new(&t, DG_F32, 1, (int64_t[]){1}, NULL, 0)) return NULL;
   *(float *)dg_tensor_data(t) = v;
   dg_tensor_set_requires_grad(t, 1);
   return t;
@@ -87,7 +87,7 @@ static void *forward_thread(void *arg) {
     dg_tensor *h = dg_linear(ctx, x, dg_params_get(j->ps, 0), dg_params_get(j->ps, 1));
     dg_tensor *y = dg_sum(ctx, dg_relu(ctx, h));
     if (!y) {
-      j->rc = dg_errcode(ctx);
+      j->rc = dg_ctx_errcode(ctx);
       break;
     }
     j->loss = dg_tensor_item(y);

@@ -77,7 +77,7 @@ static void test_persistent(void) {
   CHECK_OK(dg_mem_get_stats(DG_CPU, &s0));
   dg_tensor *t = NULL, *v = NULL;
   int64_t sh[2] = {100, 10};
-  CHECK_OK(dg_tensor_new(&t, DG_F32, 2, sh));
+  CHECK_OK(dg_tensor_new(&t, DG_F32, 2, sh, NULL, 0));
   REQUIRE(t);
   CHECK_OK(dg_mem_get_stats(DG_CPU, &s1));
   CHECK(s1.current_bytes >= s0.current_bytes + 4000);
@@ -86,11 +86,11 @@ static void test_persistent(void) {
   float *d = dg_tensor_data(t);
   for (int i = 0; i < 1000; i++) d[i] = (float)i;
   int64_t vs[1] = {10};
-  CHECK_OK(dg_tensor_view(&v, t, 20, 1, vs)); /* row 2 */
+  CHECK_OK(dg_tensor_view(&v, t, 20, 1, vs, NULL, 0)); /* row 2 */
   CHECK_NEAR(((float *)dg_tensor_data(v))[3], 23, 0);
   int64_t big[1] = {1000};
   dg_tensor *bad = NULL;
-  CHECK_EQ_INT(dg_tensor_view(&bad, t, 20, 1, big), DG_ESHAPE);
+  CHECK_EQ_INT(dg_tensor_view(&bad, t, 20, 1, big, NULL, 0), DG_ESHAPE);
   CHECK(bad == NULL);
   dg_tensor_free(t); /* the view keeps the storage alive */
   CHECK_NEAR(((float *)dg_tensor_data(v))[9], 29, 0);
@@ -99,14 +99,25 @@ static void test_persistent(void) {
   CHECK_EQ_INT(s2.current_bytes, s0.current_bytes);
   CHECK(s2.cached_bytes > 0); /* kept for reuse */
   /* reuse comes from the cache, not the system */
-  CHECK_OK(dg_tensor_new(&t, DG_F32, 2, sh));
+  CHECK_OK(dg_tensor_new(&t, DG_F32, 2, sh, NULL, 0));
   dg_mem_stats s3;
   CHECK_OK(dg_mem_get_stats(DG_CPU, &s3));
   CHECK_EQ_INT(s3.system_allocs, s2.system_allocs);
   dg_tensor_free(t);
   int64_t neg[1] = {-1};
-  CHECK_EQ_INT(dg_tensor_new(&t, DG_F32, 1, neg), DG_EINVAL);
-  CHECK_EQ_INT(dg_tensor_new(&t, DG_F32, 5, sh), DG_EINVAL);
+  char err[256] = "";
+  CHECK_EQ_INT(dg_tensor_new(&t, DG_F32, 1, neg, err, sizeof err), DG_EINVAL);
+  CHECK(strstr(err, "tensor_new") && strstr(err, "-1")); /* detail in err, not on stderr */
+  CHECK_EQ_INT(dg_tensor_new(&t, DG_F32, 5, sh, NULL, 0), DG_EINVAL);
+  dg_tensor *a, *b;
+  CHECK_OK(dg_tensor_new(&a, DG_F32, 2, sh, NULL, 0));
+  CHECK_OK(dg_tensor_new(&b, DG_F32, 1, sh, NULL, 0));
+  CHECK_EQ_INT(dg_tensor_copy(a, b, err, sizeof err), DG_ESHAPE);
+  CHECK(strstr(err, "tensor_copy") != NULL);
+  CHECK_EQ_INT(dg_tensor_view(&t, a, 1000, 1, sh, err, sizeof err), DG_ESHAPE);
+  CHECK(strstr(err, "offset 1000") != NULL);
+  dg_tensor_free(a);
+  dg_tensor_free(b);
   dg_tensor_free(NULL);
   dg_ctx_free(NULL);
   dg_params_free(NULL);
@@ -140,26 +151,26 @@ static void test_arena_and_views(void) {
   /* errors name the op and the shapes, and the first error is kept */
   int64_t r7[1] = {7};
   CHECK(dg_reshape(ctx, x, 1, r7) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_ESHAPE);
-  CHECK_STR_HAS(dg_errmsg(ctx), "reshape");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(2, 3, 4)");
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "reshape");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(2, 3, 4)");
   CHECK(dg_slice(ctx, NULL, 0, 1) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "reshape"); /* still the first error */
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "reshape"); /* still the first error */
+  dg_ctx_clear_error(ctx);
   int64_t m1[2] = {3, 4}, m2[2] = {5, 6};
   CHECK(dg_matmul(ctx, dg_zeros(ctx, DG_F32, 2, m1), dg_zeros(ctx, DG_F32, 2, m2)) == NULL);
-  CHECK_STR_HAS(dg_errmsg(ctx), "matmul");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(3, 4)");
-  CHECK_STR_HAS(dg_errmsg(ctx), "(5, 6)");
-  dg_clear_error(ctx);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "matmul");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(3, 4)");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(5, 6)");
+  dg_ctx_clear_error(ctx);
   CHECK(dg_matmul(ctx, dg_zeros(ctx, DG_I32, 2, m1), dg_zeros(ctx, DG_F32, 2, m2)) == NULL);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_EDTYPE);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EDTYPE);
   /* the arena is reused after reset */
   size_t used = dg_ctx_arena_used(ctx);
   CHECK(used > 0);
   dg_ctx_reset(ctx);
   CHECK_EQ_INT(dg_ctx_arena_used(ctx), 0);
-  CHECK_EQ_INT(dg_errcode(ctx), DG_OK);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_OK);
   /* a step bigger than the first chunk grows once, then fits in one chunk */
   int64_t big[1] = {1 << 19};
   for (int step = 0; step < 3; step++) {
@@ -185,12 +196,13 @@ static void test_params(void) {
   CHECK_OK(dg_params_add(ps, "layers.0.weight", 2, ws, &w));
   CHECK_OK(dg_params_add(ps, "layers.0.bias", 1, bs, &b));
   CHECK_EQ_INT(dg_params_add(ps, "layers.0.bias", 1, bs, &dup), DG_EINVAL);
+  CHECK(strstr(dg_params_errmsg(ps), "duplicate parameter name \"layers.0.bias\"") != NULL);
   CHECK(dup == NULL);
   CHECK_EQ_INT(dg_params_count(ps), 2);
   CHECK(dg_params_get(ps, 1) == b);
   CHECK(dg_params_find(ps, "layers.0.weight") == w);
   CHECK(!strcmp(dg_tensor_name(b), "layers.0.bias"));
-  CHECK_EQ_INT(dg_param_index(b), 1);
+  CHECK_EQ_INT(dg_tensor_param_index(b), 1);
   size_t n = 0;
   float *flat = dg_params_data(ps, &n);
   CHECK(n >= 18);
