@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/core_impl.h"
+#include "backends/kern_mem.h"
 
 /* Grows ts's arrays to n parameters; new entries start unused. */
 static int tstore_grow(dg_tape_store *ts, int n) {
@@ -150,7 +151,7 @@ static void *gpool_take(dg_ctx *ctx, size_t bytes) {
 
 static void gpool_give(dg_ctx *ctx, dg_tensor *t) {
   size_t bytes = (size_t)dg__numel(t) * sizeof(float);
-  int i = bytes >= sizeof(void *) ? gpool_slot(ctx, bytes, 1) : -1;
+  int i = bytes >= sizeof(void *) && t->grad->device == DG_CPU ? gpool_slot(ctx, bytes, 1) : -1;
   if (i < 0) return; /* tiny or too many sizes: left to the arena */
   *(void **)t->grad->data = ctx->gpool[i].head;
   ctx->gpool[i].head = t->grad->data;
@@ -159,15 +160,16 @@ static void gpool_give(dg_ctx *ctx, dg_tensor *t) {
 
 void *dg__scratch_take(dg_ctx *ctx, size_t bytes) {
   bytes = (bytes + DG_ALIGN - 1) & ~(size_t)(DG_ALIGN - 1);
-  void *p = gpool_take(ctx, bytes);
-  if (!p) p = dg__arena_alloc(&ctx->arena, bytes);
+  const int dev = ctx->op_device; /* the running op's device; the pool is host memory */
+  void *p = dev == DG_CPU ? gpool_take(ctx, bytes) : NULL;
+  if (!p) p = dg__arena_data(ctx, dev, bytes);
   if (!p) dg__set_error(ctx, DG_ENOMEM, "out of memory for %zu bytes of scratch", bytes);
   return p;
 }
 
 void dg__scratch_give(dg_ctx *ctx, void *p, size_t bytes) {
   bytes = (bytes + DG_ALIGN - 1) & ~(size_t)(DG_ALIGN - 1);
-  int i = p ? gpool_slot(ctx, bytes, 1) : -1;
+  int i = p && ctx->op_device == DG_CPU ? gpool_slot(ctx, bytes, 1) : -1;
   if (i < 0) return; /* too many sizes: left to the arena */
   *(void **)p = ctx->gpool[i].head;
   ctx->gpool[i].head = p;
@@ -176,8 +178,15 @@ void dg__scratch_give(dg_ctx *ctx, void *p, size_t bytes) {
 /* A new f32 arena tensor of t's shape for t's gradient, from the pool when a
  * dead buffer of the same size is available. */
 static dg_tensor *grad_tensor_new(dg_ctx *ctx, const dg_tensor *t) {
-  void *d = gpool_take(ctx, (size_t)dg__numel(t) * sizeof(float));
-  if (!d) return dg__new(ctx, "backward", DG_F32, t->ndim, t->shape);
+  /* the pool links its blocks through their first bytes: host memory only */
+  void *d = t->device == DG_CPU ? gpool_take(ctx, (size_t)dg__numel(t) * sizeof(float)) : NULL;
+  if (!d) {
+    const int keep = ctx->op_device;
+    ctx->op_device = t->device;
+    dg_tensor *g = dg__new(ctx, "backward", DG_F32, t->ndim, t->shape);
+    ctx->op_device = keep;
+    return g;
+  }
   dg_tensor *g = dg__arena_alloc(&ctx->arena, sizeof *g);
   if (!g) {
     dg__set_error(ctx, DG_ENOMEM, "backward: out of memory for a gradient header");
@@ -219,7 +228,7 @@ float *dg__grad_buf_w(dg_ctx *ctx, dg_tensor *t, int *overwrite) {
 float *dg__grad_buf(dg_ctx *ctx, dg_tensor *t) {
   int overwrite;
   float *g = dg__grad_buf_w(ctx, t, &overwrite);
-  if (g && overwrite) memset(g, 0, (size_t)dg__numel(t) * sizeof(float));
+  if (g && overwrite) dg__be_of(t)->mem->zero(g, (size_t)dg__numel(t) * sizeof(float));
   return g;
 }
 
@@ -365,6 +374,7 @@ static int run_node(dg_ctx *ctx, dg_node *n, int *ran) {
   if (!*ran) return DG_OK; /* not reached from the loss */
   int rc = prepare_inputs(ctx, n);
   if (rc < 0) return rc;
+  ctx->op_device = n->out->device; /* the node's gradients and scratch live there */
   rc = rc ? DG_OK : n->backward(ctx, n);
   if (rc) return rc;
   if (ctx->err) return ctx->err;
@@ -446,7 +456,7 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
   int64_t n = dg__numel(out);
   const float *go = grad_out ? dg__contig_data(ctx, "backward", grad_out) : NULL;
   if (grad_out && !go) return ctx->err;
-  for (int64_t i = 0; i < n; i++) g[i] += go ? go[i] : 1.0f;
+  dg__be_of(out)->mem->add_f32(g, go, n);
 
   int prev = dg_ctx_set_grad_enabled(ctx, 0);
   ctx->in_backward = 1;

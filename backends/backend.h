@@ -13,6 +13,7 @@
 
 #include "dgrad/common.h"
 
+struct dg__kern_mem;
 struct dg__kern_blas;
 struct dg__kern_norm;
 struct dg__kern_unary;
@@ -40,6 +41,8 @@ typedef struct dg__backend {
   /* bytes from src on device sdev to dst on device ddev; one of the two is
    * this backend's device, the other this device or DG_CPU */
   int (*copy)(void *dst, int ddev, const void *src, int sdev, size_t bytes);
+  /* core's own loops on this device's memory (backends/kern_mem.h) */
+  const struct dg__kern_mem *mem;
   /* kernel tables, one per op family: a backend fills every one */
   const struct dg__kern_blas *blas;
   const struct dg__kern_norm *norm;
@@ -60,9 +63,16 @@ typedef struct dg__backend {
   const struct dg__kern_optim *optim;
 } dg__backend;
 
+/* Devices a build can address: the CPU and up to 8 CUDA devices. */
+#define DG__MAX_DEVICES 9
+
 /* The backend serving `device` (DG_CPU, DG_CUDA + n), or NULL when this
  * build has none for it. */
 const dg__backend *dg__backend_get(int device);
+/* Serves `device` (not the CPU) with `be`, or stops serving it (NULL).
+ * Called before any tensor lives on the device; not thread-safe against
+ * running ops. DG_EINVAL for the CPU or a device out of range. */
+int dg__backend_register(int device, const dg__backend *be);
 /* Name of a device for messages: "cpu", "cuda:0". */
 const char *dg__device_name(int device, char *buf, size_t cap);
 

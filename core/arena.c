@@ -1,6 +1,9 @@
 /* Step arena: bump allocation in chunks. Reset keeps the memory; when a step
  * needed more than one chunk, reset replaces them by one chunk big enough for
- * the whole step, so from the second step on nothing is allocated. */
+ * the whole step, so from the second step on nothing is allocated. A context
+ * has one arena per device it computes on: the host arena holds headers,
+ * tape nodes and CPU tensor data; a device arena holds that device's tensor
+ * data only (its chunk headers are host memory). */
 #include <stdint.h>
 #include <string.h>
 #if defined(__linux__)
@@ -8,8 +11,6 @@
 #endif
 
 #include "core/core_impl.h"
-
-#define HDR (((sizeof(dg_arena_chunk) + DG_ALIGN - 1) / DG_ALIGN) * DG_ALIGN)
 
 /* Asks for transparent huge pages on the whole 2 MiB pages inside a big
  * chunk: a step streams its activations through the arena, and with 4 KiB
@@ -25,17 +26,28 @@ static void advise_huge(void *p, size_t n) {
 #endif
 }
 
-static dg_arena_chunk *chunk_new(size_t cap) {
-  dg_arena_chunk *c = dg__dev_alloc(DG_CPU, HDR + cap);
+static dg_arena_chunk *chunk_new(int device, size_t cap) {
+  dg_arena_chunk *c = dg__malloc(sizeof *c);
   if (!c) return NULL;
-  advise_huge(c, HDR + cap);
+  c->mem = dg__dev_alloc(device, cap);
+  if (!c->mem) {
+    dg__free(c);
+    return NULL;
+  }
+  if (device == DG_CPU) advise_huge(c->mem, cap);
   c->next = NULL;
   c->cap = cap;
   c->used = 0;
   return c;
 }
 
-static void chunk_free(dg_arena_chunk *c) { dg__dev_free(DG_CPU, c, HDR + c->cap); }
+/* release: the bytes go back to the system, not the cache (the growth
+ * chunks of a first step are one-off sizes that would stay resident). */
+static void chunk_free(int device, dg_arena_chunk *c, int release) {
+  if (release) dg__dev_release(device, c->mem, c->cap);
+  else dg__dev_free(device, c->mem, c->cap);
+  dg__free(c);
+}
 
 void *dg__arena_alloc(dg_arena *a, size_t n) {
   n = (n + DG_ALIGN - 1) & ~(size_t)(DG_ALIGN - 1);
@@ -45,7 +57,7 @@ void *dg__arena_alloc(dg_arena *a, size_t n) {
   if (!c) {
     size_t cap = a->reserved ? a->reserved : ((size_t)1 << 20);
     if (cap < n) cap = n;
-    c = chunk_new(cap);
+    c = chunk_new(a->device, cap);
     if (!c) return NULL;
     /* append at the end of the list */
     if (!a->head) {
@@ -58,20 +70,18 @@ void *dg__arena_alloc(dg_arena *a, size_t n) {
     a->reserved += cap;
   }
   a->cur = c;
-  void *p = (char *)c + HDR + c->used;
+  void *p = c->mem + c->used;
   c->used += n;
   a->used += n;
   if (a->used > a->peak) a->peak = a->used;
   return p;
 }
 
-/* Frees every chunk back to the system (not the cache: the growth chunks of
- * a first step are one-off sizes that would otherwise stay resident). */
-static void arena_release(dg_arena *a) {
+static void free_chunks(dg_arena *a, int release) {
   dg_arena_chunk *c = a->head;
   while (c) {
     dg_arena_chunk *n = c->next;
-    dg__dev_release(DG_CPU, c, HDR + c->cap);
+    chunk_free(a->device, c, release);
     c = n;
   }
   a->head = a->cur = NULL;
@@ -83,9 +93,9 @@ void dg__arena_reset(dg_arena *a) {
      * bytes in use, plus slack for steps that vary a little) */
     size_t want = a->used + a->used / 8 + ((size_t)1 << 20);
     want = (want + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
-    dg_arena_chunk *one = chunk_new(want);
+    dg_arena_chunk *one = chunk_new(a->device, want);
     if (one) {
-      arena_release(a);
+      free_chunks(a, 1);
       a->head = one;
       a->reserved = want;
     }
@@ -96,12 +106,6 @@ void dg__arena_reset(dg_arena *a) {
 }
 
 void dg__arena_free(dg_arena *a) {
-  dg_arena_chunk *c = a->head;
-  while (c) {
-    dg_arena_chunk *n = c->next;
-    chunk_free(c);
-    c = n;
-  }
-  a->head = a->cur = NULL;
+  free_chunks(a, 0);
   a->reserved = a->used = 0;
 }

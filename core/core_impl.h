@@ -53,15 +53,19 @@ struct dg_tensor {
 
 /* ---- arena ---- */
 
+/* A chunk's header is host memory; its bytes are memory of the arena's
+ * device (core's caching allocator), so a device arena never needs the host
+ * to address its blocks. */
 typedef struct dg_arena_chunk {
   struct dg_arena_chunk *next;
+  char *mem;
   size_t cap, used;
-  /* data follows, aligned */
 } dg_arena_chunk;
 
 typedef struct {
+  int device; /* where the chunks' bytes live */
   dg_arena_chunk *head, *cur;
-  size_t used, peak, reserved, step_total;
+  size_t used, peak, reserved;
 } dg_arena;
 
 void *dg__arena_alloc(dg_arena *a, size_t n);
@@ -118,7 +122,13 @@ typedef struct {
 } dg_tape_store;
 
 struct dg_ctx {
-  dg_arena arena;
+  dg_arena arena; /* host: headers, tape nodes, CPU tensor data */
+  /* tensor data of other devices, one arena each, made on first use */
+  dg_arena *dev_arena[DG__MAX_DEVICES];
+  /* the device the running op (or backward node, or constructor) computes
+   * on: dg__new and step scratch put their data there. dg__op_begin sets it
+   * from the inputs, backward from each node's output. */
+  int op_device;
   int err;
   char errmsg[512];
   int grad_enabled, train;
@@ -253,6 +263,13 @@ int64_t dg__shape_numel(int ndim, const int64_t *shape, size_t es);
 int dg__shape_error(int ndim, const int64_t *shape, dg_dtype dt, char *msg, size_t cap);
 /* Contiguous f32 data of x: x->data itself, or a packed arena copy. */
 const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x);
+/* `bytes` of step memory on `device` (ctx->arena for the CPU, else that
+ * device's arena, made on first use); NULL when out of memory. */
+void *dg__arena_data(dg_ctx *ctx, int device, size_t bytes);
+/* The backend of t's device (it exists: t was made on it). */
+static inline const dg__backend *dg__be_of(const dg_tensor *t) {
+  return dg__backend_get(t->device);
+}
 
 /* ---- autograd helpers for ops ---- */
 

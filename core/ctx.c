@@ -34,6 +34,11 @@ void dg_ctx_free(dg_ctx *ctx) {
     dg__free(ctx->stores[s].fired);
   }
   dg__arena_free(&ctx->arena);
+  for (int d = 0; d < DG__MAX_DEVICES; d++)
+    if (ctx->dev_arena[d]) {
+      dg__arena_free(ctx->dev_arena[d]);
+      dg__free(ctx->dev_arena[d]);
+    }
   dg__free(ctx->tape);
   dg__free(ctx);
 }
@@ -44,6 +49,9 @@ void dg_ctx_reset(dg_ctx *ctx) {
   ctx->nstores = 0; /* the tape's per-store state goes with it */
   memset(ctx->gpool, 0, sizeof ctx->gpool); /* its blocks were arena memory */
   dg__arena_reset(&ctx->arena);
+  for (int d = 0; d < DG__MAX_DEVICES; d++)
+    if (ctx->dev_arena[d]) dg__arena_reset(ctx->dev_arena[d]);
+  ctx->op_device = DG_CPU;
   ctx->err = DG_OK;
   ctx->errmsg[0] = 0;
 }
@@ -112,13 +120,28 @@ const dg__backend *dg__op_begin(dg_ctx *ctx, const char *op, int n, dg_tensor *c
       return NULL;
     }
   }
-  const dg__backend *be = dg__backend_get(dev < 0 ? DG_CPU : dev);
+  if (dev < 0) dev = DG_CPU;
+  const dg__backend *be = dg__backend_get(dev);
   if (!be) {
     char a[24];
     dg__set_error(ctx, DG_EDEVICE, "%s: this build has no backend for %s", op,
                   dg__device_name(dev, a, sizeof a));
+    return NULL;
   }
+  ctx->op_device = dev;
   return be;
+}
+
+void *dg__arena_data(dg_ctx *ctx, int device, size_t bytes) {
+  if (device == DG_CPU) return dg__arena_alloc(&ctx->arena, bytes);
+  if (device < 0 || device >= DG__MAX_DEVICES || !dg__backend_get(device)) return NULL;
+  dg_arena *a = ctx->dev_arena[device];
+  if (!a) {
+    if (!(a = dg__calloc(1, sizeof *a))) return NULL;
+    a->device = device;
+    ctx->dev_arena[device] = a;
+  }
+  return dg__arena_alloc(a, bytes);
 }
 
 /* ---- RNG stream ---- */

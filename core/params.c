@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/core_impl.h"
+#include "backends/kern_mem.h"
 
 #define PARAM_ALIGN 16 /* floats: 64 bytes, so every view is SIMD-aligned */
 
@@ -258,7 +259,7 @@ float *dg_params_data(dg_params *ps, size_t *n) {
 
 void dg__param_grad_materialize(dg_tensor *t) {
   if (!(t->flags & DG_TF_GRAD_STALE)) return;
-  memset(t->grad->data, 0, (size_t)dg__numel(t) * sizeof(float));
+  dg__be_of(t->grad)->mem->zero(t->grad->data, (size_t)dg__numel(t) * sizeof(float));
   t->flags &= ~(uint32_t)DG_TF_GRAD_STALE;
 }
 

@@ -1,8 +1,10 @@
 /* Tensor headers: arena and persistent tensors, shapes, strides, dtype
  * conversion, inspection. */
+#include <math.h>
 #include <string.h>
 
 #include "core/core_impl.h"
+#include "backends/kern_mem.h"
 
 int64_t dg__numel(const dg_tensor *t) {
   int64_t n = 1;
@@ -87,8 +89,8 @@ static int check_shape(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const
   return rc ? dg__set_error(ctx, rc, "%s: %s", op, msg) : DG_OK;
 }
 
-/* A contiguous cpu tensor header over data, in the arena (t). */
-static dg_tensor *arena_header(dg_tensor *t, void *data, dg_dtype dt, int ndim,
+/* A contiguous tensor header (in the host arena, t) over data on device. */
+static dg_tensor *arena_header(dg_tensor *t, void *data, int device, dg_dtype dt, int ndim,
                                const int64_t *shape) {
   memset(t, 0, sizeof *t);
   t->data = data;
@@ -96,7 +98,7 @@ static dg_tensor *arena_header(dg_tensor *t, void *data, dg_dtype dt, int ndim,
   for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
   dg__set_contig_strides(t);
   t->dtype = dt;
-  t->device = DG_CPU;
+  t->device = device;
   t->flags = DG_TF_ARENA;
   t->param_id = -1;
   return t;
@@ -107,13 +109,15 @@ dg_tensor *dg__new(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const int
   dg_tensor *t = dg__arena_alloc(&ctx->arena, sizeof *t);
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i];
-  void *d = t ? dg__arena_alloc(&ctx->arena, (size_t)n * dg_dtype_size(dt)) : NULL;
+  const int dev = ctx->op_device;
+  void *d = t ? dg__arena_data(ctx, dev, (size_t)n * dg_dtype_size(dt)) : NULL;
   if (!t || !d) {
-    dg__set_error(ctx, DG_ENOMEM, "%s: out of memory for a %lld-element %s tensor", op,
-                  (long long)n, dg_dtype_name(dt));
+    char a[24];
+    dg__set_error(ctx, DG_ENOMEM, "%s: out of memory for a %lld-element %s tensor on %s", op,
+                  (long long)n, dg_dtype_name(dt), dg__device_name(dev, a, sizeof a));
     return NULL;
   }
-  return arena_header(t, d, dt, ndim, shape);
+  return arena_header(t, d, dev, dt, ndim, shape);
 }
 
 dg_tensor *dg__new_like(dg_ctx *ctx, const char *op, const dg_tensor *x) {
@@ -136,59 +140,52 @@ dg_tensor *dg__alias(dg_ctx *ctx, const char *op, dg_tensor *x) {
   return t;
 }
 
+/* Copies src's elements (any strides, any dtype) into dst's (same shape,
+ * same device) through the device's copy kernel. */
+static void copy_elems(dg_tensor *dst, const dg_tensor *src) {
+  dg__mem_copy_args a = {dst->data, src->data, dst->dtype, src->dtype, src->ndim, src->shape,
+                         dg__is_contig(dst) ? NULL : dst->stride,
+                         dg__is_contig(src) ? NULL : src->stride};
+  dg__be_of(dst)->mem->copy(&a);
+}
+
 const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x) {
   if (dg__is_contig(x)) return x->data;
+  const int keep = ctx->op_device;
+  ctx->op_device = x->device; /* the packed copy lives where x does */
   dg_tensor *c = dg__new_like(ctx, op, x);
+  ctx->op_device = keep;
   if (!c) return NULL;
-  float *d = c->data;
-  const float *s = x->data;
-  int64_t n = dg__numel(x), idx[DG_MAX_DIMS] = {0};
-  int nd = x->ndim;
-  if (nd >= 2 && x->stride[nd - 1] == 1) { /* contiguous rows: one memcpy each */
-    int64_t len = x->shape[nd - 1];
-    for (int64_t k = 0; k < n; k += len) {
-      int64_t off = 0;
-      for (int i = 0; i < nd - 1; i++) off += idx[i] * x->stride[i];
-      memcpy(d + k, s + off, (size_t)len * sizeof *d);
-      for (int i = nd - 2; i >= 0; i--) {
-        if (++idx[i] < x->shape[i]) break;
-        idx[i] = 0;
-      }
-    }
-    return d;
-  }
-  for (int64_t k = 0; k < n; k++) {
-    int64_t off = 0;
-    for (int i = 0; i < nd; i++) off += idx[i] * x->stride[i];
-    d[k] = s[off];
-    for (int i = nd - 1; i >= 0; i--) {
-      if (++idx[i] < x->shape[i]) break;
-      idx[i] = 0;
-    }
-  }
-  return d;
+  copy_elems(c, x);
+  return c->data;
 }
 
 /* ---- public constructors (arena) ---- */
 
+/* A constructor's tensor: on the host (no public call places arena tensors
+ * on a device yet; dg__new follows ctx->op_device). */
+static dg_tensor *ctor_new(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim,
+                           const int64_t *shape) {
+  ctx->op_device = DG_CPU;
+  return dg__new(ctx, op, dt, ndim, shape);
+}
+
 dg_tensor *dg_empty(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape) {
   if (!ctx) return NULL;
-  return dg__new(ctx, "empty", dt, ndim, shape);
+  return ctor_new(ctx, "empty", dt, ndim, shape);
 }
 
 dg_tensor *dg_zeros(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape) {
   if (!ctx) return NULL;
-  dg_tensor *t = dg__new(ctx, "zeros", dt, ndim, shape);
-  if (t) memset(t->data, 0, (size_t)dg__numel(t) * dg_dtype_size(dt));
+  dg_tensor *t = ctor_new(ctx, "zeros", dt, ndim, shape);
+  if (t) dg__be_of(t)->mem->zero(t->data, (size_t)dg__numel(t) * dg_dtype_size(dt));
   return t;
 }
 
 dg_tensor *dg_full(dg_ctx *ctx, int ndim, const int64_t *shape, float value) {
   if (!ctx) return NULL;
-  dg_tensor *t = dg__new(ctx, "full", DG_F32, ndim, shape);
-  if (!t) return NULL;
-  float *d = t->data;
-  for (int64_t i = 0, n = dg__numel(t); i < n; i++) d[i] = value;
+  dg_tensor *t = ctor_new(ctx, "full", DG_F32, ndim, shape);
+  if (t) dg__be_of(t)->mem->fill_f32(t->data, dg__numel(t), value);
   return t;
 }
 
@@ -199,8 +196,10 @@ dg_tensor *dg_from_data(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape
     dg__set_error(ctx, DG_EINVAL, "from_data: data is NULL");
     return NULL;
   }
-  dg_tensor *t = dg__new(ctx, "from_data", dt, ndim, shape);
-  if (t) memcpy(t->data, data, (size_t)dg__numel(t) * dg_dtype_size(dt));
+  dg_tensor *t = ctor_new(ctx, "from_data", dt, ndim, shape);
+  if (t)
+    dg__be_of(t)->copy(t->data, t->device, data, DG_CPU,
+                       (size_t)dg__numel(t) * dg_dtype_size(dt));
   return t;
 }
 
@@ -216,12 +215,12 @@ dg_tensor *dg_wrap(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape, voi
     dg__set_error(ctx, DG_ENOMEM, "wrap: out of memory for a tensor header");
     return NULL;
   }
-  return arena_header(t, data, dt, ndim, shape);
+  return arena_header(t, data, DG_CPU, dt, ndim, shape); /* caller memory: host */
 }
 
 dg_tensor *dg_rand(dg_ctx *ctx, int ndim, const int64_t *shape, float lo, float hi) {
   if (!ctx) return NULL;
-  dg_tensor *t = dg__new(ctx, "rand", DG_F32, ndim, shape);
+  dg_tensor *t = ctor_new(ctx, "rand", DG_F32, ndim, shape); /* host: drawn in place */
   if (!t) return NULL;
   float *d = t->data;
   size_t n = (size_t)dg__numel(t);
@@ -232,7 +231,7 @@ dg_tensor *dg_rand(dg_ctx *ctx, int ndim, const int64_t *shape, float lo, float 
 
 dg_tensor *dg_randn(dg_ctx *ctx, int ndim, const int64_t *shape, float mean, float std) {
   if (!ctx) return NULL;
-  dg_tensor *t = dg__new(ctx, "randn", DG_F32, ndim, shape);
+  dg_tensor *t = ctor_new(ctx, "randn", DG_F32, ndim, shape); /* host: drawn in place */
   if (!t) return NULL;
   float *d = t->data;
   size_t n = (size_t)dg__numel(t);
@@ -243,30 +242,6 @@ dg_tensor *dg_randn(dg_ctx *ctx, int ndim, const int64_t *shape, float mean, flo
 }
 
 /* ---- element access and conversion ---- */
-
-static double load_elem(const void *base, dg_dtype dt, int64_t off) {
-  switch (dt) {
-    case DG_F32: return ((const float *)base)[off];
-    case DG_F64: return ((const double *)base)[off];
-    case DG_F16: return dg_f16_to_f32(((const uint16_t *)base)[off]);
-    case DG_BF16: return dg_bf16_to_f32(((const uint16_t *)base)[off]);
-    case DG_I32: return ((const int32_t *)base)[off];
-    case DG_I64: return (double)((const int64_t *)base)[off];
-    default: return 0;
-  }
-}
-
-static void store_elem(void *base, dg_dtype dt, int64_t off, double v) {
-  switch (dt) {
-    case DG_F32: ((float *)base)[off] = (float)v; break;
-    case DG_F64: ((double *)base)[off] = v; break;
-    case DG_F16: ((uint16_t *)base)[off] = dg_f32_to_f16((float)v); break;
-    case DG_BF16: ((uint16_t *)base)[off] = dg_f32_to_bf16((float)v); break;
-    case DG_I32: ((int32_t *)base)[off] = (int32_t)v; break;
-    case DG_I64: ((int64_t *)base)[off] = (int64_t)v; break;
-    default: break;
-  }
-}
 
 static int64_t logical_off(const dg_tensor *t, int64_t i) {
   int64_t off = 0;
@@ -280,34 +255,23 @@ static int64_t logical_off(const dg_tensor *t, int64_t i) {
 double dg_tensor_get(const dg_tensor *t, int64_t i) {
   if (!t || i < 0 || i >= dg__numel(t)) return 0;
   dg__settle(t);
-  return load_elem(t->data, t->dtype, logical_off(t, i));
+  const size_t es = dg_dtype_size(t->dtype);
+  const void *src = (const char *)t->data + logical_off(t, i) * (int64_t)es;
+  uint64_t raw = 0; /* a device element comes to the host first */
+  if (t->device != DG_CPU && dg__be_of(t)->copy(&raw, DG_CPU, src, t->device, es) == DG_OK)
+    src = &raw;
+  double v = 0;
+  dg__mem_copy_args a = {&v, src, DG_F64, t->dtype, 0, NULL, NULL, NULL};
+  dg__backend_get(DG_CPU)->mem->copy(&a);
+  return v;
 }
 
 float dg_tensor_item(const dg_tensor *t) { return (float)dg_tensor_get(t, 0); }
 
-/* Converts n contiguous elements. */
-static void convert(void *dst, dg_dtype ddt, const dg_tensor *src) {
-  int64_t n = dg__numel(src);
-  if (src->dtype == DG_F32 && ddt == DG_F16 && dg__is_contig(src)) {
-    const float *s = src->data;
-    uint16_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = dg_f32_to_f16(s[i]);
-    return;
-  }
-  if (src->dtype == DG_F32 && ddt == DG_BF16 && dg__is_contig(src)) {
-    const float *s = src->data;
-    uint16_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = dg_f32_to_bf16(s[i]);
-    return;
-  }
-  for (int64_t i = 0; i < n; i++)
-    store_elem(dst, ddt, i, load_elem(src->data, src->dtype, logical_off(src, i)));
-}
-
 dg_tensor *dg_to_dtype(dg_ctx *ctx, dg_tensor *t, dg_dtype dt) {
   if (!dg__op_begin(ctx, "to_dtype", 1, &t, (const char *[]){"t"}, 0)) return NULL;
   dg_tensor *o = dg__new(ctx, "to_dtype", dt, t->ndim, t->shape);
-  if (o) convert(o->data, dt, t);
+  if (o) copy_elems(o, t);
   return o;
 }
 
@@ -346,7 +310,7 @@ int dg_tensor_new(dg_tensor **out, dg_dtype dt, int ndim, const int64_t *shape, 
     return dg__fail_msg(err, cap, DG_ENOMEM, "tensor_new: out of memory for %zu bytes",
                         (size_t)n * dg_dtype_size(dt));
   }
-  memset(st->base, 0, st->nbytes);
+  dg__backend_get(DG_CPU)->mem->zero(st->base, st->nbytes);
   rc = persistent_new(out, st, st->base, dt, ndim, shape);
   if (rc) {
     dg__dev_free(DG_CPU, st->base, st->nbytes);
@@ -405,14 +369,22 @@ int dg_tensor_copy(dg_tensor *dst, const dg_tensor *src, char *err, size_t cap) 
   }
   dg__settle(src);
   dg__settle(dst); /* else the pending update would land on the copy */
-  if (dg__is_contig(dst)) {
-    convert(dst->data, dst->dtype, src);
+  if (dst->device == src->device) {
+    copy_elems(dst, src);
     return DG_OK;
   }
-  for (int64_t i = 0, n = dg__numel(src); i < n; i++)
-    store_elem(dst->data, dst->dtype, logical_off(dst, i),
-               load_elem(src->data, src->dtype, logical_off(src, i)));
-  return DG_OK;
+  /* across devices: the bytes as they are, through the device's backend */
+  if (dst->dtype != src->dtype || !dg__is_contig(dst) || !dg__is_contig(src)) {
+    char a[24], b[24];
+    return dg__fail_msg(err, cap, DG_EUNSUPPORTED, "tensor_copy: %s to %s copies contiguous "
+                        "tensors of one dtype (convert or pack on one device first)",
+                        dg__device_name(src->device, a, sizeof a),
+                        dg__device_name(dst->device, b, sizeof b));
+  }
+  const dg__backend *be = dg__be_of(dst->device != DG_CPU ? dst : src);
+  int rc = be->copy(dst->data, dst->device, src->data, src->device,
+                    (size_t)dg__numel(src) * dg_dtype_size(src->dtype));
+  return rc ? dg__fail_msg(err, cap, rc, "tensor_copy: the device copy failed") : DG_OK;
 }
 
 /* ---- inspection ---- */
@@ -439,7 +411,7 @@ dg_tensor *dg_tensor_grad(const dg_tensor *t) {
   if (t->flags & DG_TF_GRAD_STALE) {
     if (t->param_id >= 0) dg__param_grad_materialize((dg_tensor *)t);
     else if (t->grad) {
-      memset(t->grad->data, 0, (size_t)dg__numel(t) * sizeof(float));
+      dg__be_of(t->grad)->mem->zero(t->grad->data, (size_t)dg__numel(t) * sizeof(float));
       ((dg_tensor *)t)->flags &= ~(uint32_t)DG_TF_GRAD_STALE;
     }
   }

@@ -6,6 +6,7 @@
 #define DG_COLL_IMPL_H
 
 #include "dist/pg_work.h"
+#include "dist/coll_ext.h"
 
 /* coll_gloo.c: Gloo's algorithms, message for message. */
 int dg__gloo_allreduce_ring(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);

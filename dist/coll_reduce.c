@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "dist/pg_ext.h"
+#include "dist/coll_ext.h"
 #include "base/common_impl.h"
 
 #define RED_LOOP(T, EXPR)                          \

@@ -31,7 +31,7 @@
 #include <sys/mman.h>
 
 #include "dist/ddp_impl.h"
-#include "dist/pg_ext.h"
+#include "dist/coll_ext.h"
 #include "dist/net/net_impl.h"
 #include "core/core_impl.h"
 

@@ -376,20 +376,6 @@ const char *dg_pg_errmsg(const dg_pg *pg) {
   return p->err[0] ? p->err : "no error";
 }
 
-int dg__pg_error(dg_pg *pg, char *msg, size_t cap) {
-  return pg->x->vt->error(pg->x, msg, cap);
-}
-
-int dg__pg_timeout_ms(const dg_pg *pg) { return pg->timeout_ms; }
-
-const dg_link_model *dg__pg_link(const dg_pg *pg) {
-  return pg->link.allreduce_end || pg->link.bucket_end ? &pg->link : NULL;
-}
-
-int dg__pg_local_shm(const dg_pg *pg) {
-  return pg && pg->shm && (pg->algo == DG_ALGO_AUTO || pg->algo == DG_ALGO_SHM);
-}
-
 int dg_pg_set_algo(dg_pg *pg, dg_algo algo) {
   if (!pg || algo < DG_ALGO_AUTO || algo > DG_ALGO_SHM) return DG_EINVAL;
   if (!pg->all_dgrad && algo != DG_ALGO_AUTO && algo != DG_ALGO_RING) return DG_EUNSUPPORTED;

@@ -338,3 +338,19 @@ void dg__pg_free_works(dg_pg *pg) {
     dg__free(w);
   }
 }
+
+/* ---- what the layers above see of the group (pg_ext.h) ---- */
+
+int dg__pg_error(dg_pg *pg, char *msg, size_t cap) {
+  return pg->x->vt->error(pg->x, msg, cap);
+}
+
+int dg__pg_timeout_ms(const dg_pg *pg) { return pg->timeout_ms; }
+
+const dg_link_model *dg__pg_link(const dg_pg *pg) {
+  return pg->link.allreduce_end || pg->link.bucket_end ? &pg->link : NULL;
+}
+
+int dg__pg_local_shm(const dg_pg *pg) {
+  return pg && pg->shm && (pg->algo == DG_ALGO_AUTO || pg->algo == DG_ALGO_SHM);
+}

@@ -33,6 +33,7 @@ const dg__backend dg__cpu_backend = {
     .raw_free = cpu_raw_free,
     .copy = cpu_copy,
     /* kernel tables (one line per family, filled as families move here) */
+    .mem = &dg__cpu_kern_mem,
     .norm = &dg__cpu_kern_norm,
     .optim = &dg__cpu_kern_optim,
     .mlp = &dg__cpu_kern_mlp,

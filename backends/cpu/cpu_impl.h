@@ -15,6 +15,7 @@
 #define DG_CPU_ALIGN 64 /* every block: one cache line, one AVX-512 vector */
 
 /* Kernel tables of the families already moved into backends/cpu/. */
+extern const struct dg__kern_mem dg__cpu_kern_mem;
 extern const struct dg__kern_norm dg__cpu_kern_norm;
 extern const struct dg__kern_optim dg__cpu_kern_optim;
 extern const struct dg__kern_mlp dg__cpu_kern_mlp;
