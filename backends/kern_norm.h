@@ -12,10 +12,12 @@ typedef struct {
   double eps;
   int acc, accw, accb;         /* backward: 0 stores into a fresh gradient, 1 adds */
   float *mean, *rstd;          /* (R): written by forward, read by backward */
+  float *corr;                 /* (R): the exact mean minus `mean` (its rounding),
+                                  so x - mean is taken as (x - mean) - corr */
 } dg__ln_args;
 
 struct dg__kern_norm {
-  /* y = (x - mean) * rstd * w + b, per row; fills mean and rstd */
+  /* y = (x - mean - corr) * rstd * w + b, per row; fills mean, rstd, corr */
   void (*layernorm_fwd)(const dg__ln_args *a);
   /* dx (a->y), dw, db, each when non-NULL */
   void (*layernorm_bwd)(const dg__ln_args *a);

@@ -266,6 +266,10 @@ const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x);
 /* `bytes` of step memory on `device` (ctx->arena for the CPU, else that
  * device's arena, made on first use); NULL when out of memory. */
 void *dg__arena_data(dg_ctx *ctx, int device, size_t bytes);
+/* Step memory for a kernel of the running op: on its device. */
+static inline void *dg__op_data(dg_ctx *ctx, size_t bytes) {
+  return dg__arena_data(ctx, ctx->op_device, bytes);
+}
 /* The backend of t's device (it exists: t was made on it). */
 static inline const dg__backend *dg__be_of(const dg_tensor *t) {
   return dg__backend_get(t->device);

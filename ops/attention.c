@@ -23,7 +23,7 @@ static int att_scratch(dg_ctx *ctx, const char *op, const dg__backend *be, dg__a
   a->nscratch = be->attention->scratch(a->B, a->H, a->T);
   a->scratch = NULL;
   if (a->nscratch <= 0) return DG_OK;
-  a->scratch = dg__arena_alloc(&ctx->arena, (size_t)a->nscratch * sizeof(float));
+  a->scratch = dg__op_data(ctx, (size_t)a->nscratch * sizeof(float));
   if (!a->scratch) return dg__set_error(ctx, DG_ENOMEM, "%s: out of memory", op);
   return DG_OK;
 }

@@ -127,7 +127,7 @@ static int reduce_into(dg_ctx *ctx, const dg__backend *be, const dg_tensor *out,
   operand op = {x->ndim, x->shape, cs};
   bplan p;
   bplan_init(&p, out->ndim, out->shape, 1, &op);
-  double *acc = dg__arena_alloc(&ctx->arena, (size_t)(nx ? nx : 1) * sizeof *acc);
+  double *acc = dg__op_data(ctx, (size_t)(nx ? nx : 1) * sizeof *acc);
   if (!acc) return dg__set_error(ctx, DG_ENOMEM, "backward: out of memory for a reduction");
   dg__bsum_args a = {&p, g, gx, nx, scale, acc_gx, acc};
   be->binary->reduce(&a);
@@ -164,7 +164,7 @@ static int binary_grad_input(dg_ctx *ctx, const dg__backend *be, dg_node *nd, in
     bplan_run(be, p, kind, !overwrite, sa->data, sb->data, d, gx);
     return DG_OK;
   }
-  float *g = dg__arena_alloc(&ctx->arena, (size_t)(n ? n : 1) * sizeof *g);
+  float *g = dg__op_data(ctx, (size_t)(n ? n : 1) * sizeof *g);
   if (!g) return dg__set_error(ctx, DG_ENOMEM, "%s backward: out of memory", nd->op);
   bplan_run(be, p, kind, 0, sa->data, sb->data, d, g);
   return reduce_into(ctx, be, out, x, g, 1.0f, !overwrite, gx);

@@ -15,7 +15,7 @@ typedef struct {
 static int conv_scratch(dg_ctx *ctx, const char *op, dg__conv_args *a, int64_t n) {
   a->scratch = NULL, a->nscratch = n;
   if (n <= 0) return DG_OK;
-  a->scratch = dg__arena_alloc(&ctx->arena, (size_t)n * sizeof(float));
+  a->scratch = dg__op_data(ctx, (size_t)n * sizeof(float));
   if (!a->scratch) return dg__set_error(ctx, DG_ENOMEM, "%s: out of memory for columns", op);
   return DG_OK;
 }

@@ -63,7 +63,7 @@ dg_tensor *dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *idx) {
   for (int i = 0; i < idx->ndim; i++) shape[i] = idx->shape[i];
   shape[idx->ndim] = D;
   dg_tensor *y = dg__new(ctx, "embedding", DG_F32, idx->ndim + 1, shape);
-  int64_t *ix = y ? dg__arena_alloc(&ctx->arena, (size_t)K * sizeof *ix) : NULL; /* (K) */
+  int64_t *ix = y ? dg__op_data(ctx, (size_t)K * sizeof *ix) : NULL; /* (K) */
   if (y && !ix) dg__set_error(ctx, DG_ENOMEM, "embedding: out of memory for %lld indices", (long long)K);
   if (!ix || load_checked(ctx, idx, V, ix)) return NULL;
   const float *w = dg__contig_data(ctx, "embedding", weight); /* (V, D) */

@@ -14,7 +14,7 @@
  * arena array. */
 static int64_t *load_index(dg_ctx *ctx, const char *op, dg_tensor *t) {
   int64_t n = dg__numel(t), idx[DG_MAX_DIMS] = {0};
-  int64_t *out = dg__arena_alloc(&ctx->arena, (size_t)n * sizeof *out);
+  int64_t *out = dg__op_data(ctx, (size_t)n * sizeof *out);
   if (!out) {
     dg__set_error(ctx, DG_ENOMEM, "%s: out of memory for %lld targets", op, (long long)n);
     return NULL;
@@ -79,7 +79,7 @@ dg_tensor *dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets) 
   dg_tensor *loss = dg__new(ctx, "cross_entropy", DG_F32, 0, NULL);
   const float *x = loss ? dg__contig_data(ctx, "cross_entropy", logits) : NULL; /* (N, C) */
   int64_t *t = x ? load_index(ctx, "cross_entropy", targets) : NULL;            /* (N) */
-  float *st = t ? dg__arena_alloc(&ctx->arena, 2 * (size_t)N * sizeof *st) : NULL; /* (2, N) */
+  float *st = t ? dg__op_data(ctx, 2 * (size_t)N * sizeof *st) : NULL; /* (2, N) */
   if (t && !st) dg__set_error(ctx, DG_ENOMEM, "cross_entropy: out of memory");
   if (!st) return NULL;
   for (int64_t r = 0; r < N; r++)

@@ -7,7 +7,7 @@
 #include "core/core_impl.h"
 
 typedef struct {
-  float *mean, *rstd; /* (R) each */
+  float *mean, *rstd, *corr; /* (R) each */
   const dg__backend *be;
 } ln_stats;
 
@@ -25,7 +25,7 @@ static int ln_backward(dg_ctx *ctx, dg_node *n) {
   if (!x || ctx->err) return ctx->err;
   const ln_stats *st = n->extra;
   dg__ln_args a = {x, w, NULL, n->out->grad->data, dx, dw, db, R, C, 0, !ox, !ow, !ob,
-                   st->mean, st->rstd};
+                   st->mean, st->rstd, st->corr};
   st->be->norm->layernorm_bwd(&a);
   return DG_OK;
 }
@@ -59,12 +59,12 @@ dg_tensor *dg_layernorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b, f
   const float *wp = xp && w ? dg__contig_data(ctx, "layernorm", w) : NULL; /* (C) */
   const float *bp = xp && b ? dg__contig_data(ctx, "layernorm", b) : NULL; /* (C) */
   ln_stats *st = xp ? dg__arena_alloc(&ctx->arena, sizeof *st) : NULL;
-  float *ms = st ? dg__arena_alloc(&ctx->arena, 2 * (size_t)R * sizeof(float)) : NULL;
+  float *ms = st ? dg__op_data(ctx, 3 * (size_t)R * sizeof(float)) : NULL;
   if (xp && !ms) dg__set_error(ctx, DG_ENOMEM, "layernorm: out of memory for row statistics");
   if (!ms || (w && !wp) || (b && !bp)) return NULL;
-  st->mean = ms, st->rstd = ms + R, st->be = be;
+  st->mean = ms, st->rstd = ms + R, st->corr = ms + 2 * R, st->be = be;
   dg__ln_args a = {xp, wp, bp, NULL, y->data, NULL, NULL, R, C, eps, 0, 0, 0, st->mean,
-                   st->rstd};
+                   st->rstd, st->corr};
   be->norm->layernorm_fwd(&a);
   if (dg__needs_grad(ctx, 3, in)) {
     dg_node *n = dg__record(ctx, "layernorm", ln_backward, y, 3, in);

@@ -42,7 +42,7 @@ dg_tensor *dg_maxpool2d(dg_ctx *ctx, dg_tensor *x, int k, int s) {
   const float *xp = y ? dg__contig_data(ctx, "maxpool2d", x) : NULL; /* (N*C, H, W) */
   if (!xp) return NULL;
   const int64_t L = a.OH * a.OW;
-  a.idx = dg__arena_alloc(&ctx->arena, (size_t)(a.planes * L) * sizeof(int32_t));
+  a.idx = dg__op_data(ctx, (size_t)(a.planes * L) * sizeof(int32_t));
   if (!a.idx) {
     dg__set_error(ctx, DG_ENOMEM, "maxpool2d: out of memory for indices");
     return NULL;

@@ -77,7 +77,7 @@ static dg_tensor *sum_dim(dg_ctx *ctx, const char *name, dg_tensor *x, int dim, 
   }
   dg_tensor *y = dg__new(ctx, name, DG_F32, ond, shape);
   const float *xp = y ? dg__contig_data(ctx, name, x) : NULL;
-  double *acc = xp ? dg__arena_alloc(&ctx->arena, (size_t)(I ? I : 1) * sizeof *acc) : NULL;
+  double *acc = xp ? dg__op_data(ctx, (size_t)(I ? I : 1) * sizeof *acc) : NULL;
   if (!acc) {
     if (xp) dg__set_error(ctx, DG_ENOMEM, "%s: out of memory", name);
     return NULL;
