@@ -186,9 +186,10 @@ struct dg_params {
   char errmsg[256];   /* the last failure of a call on the store */
 };
 
-/* Records the detail of a failing call on ps (dg_params_errmsg); returns code. */
-int dg__params_fail(dg_params *ps, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* Records the detail of a failing call on ps (non-NULL) for dg_params_errmsg;
+ * returns code. */
+#define dg__params_fail(ps, code, ...) \
+  dg__fail_msg((ps)->errmsg, sizeof (ps)->errmsg, code, __VA_ARGS__)
 
 /* ---- errors ---- */
 

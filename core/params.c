@@ -7,15 +7,6 @@
 
 #define PARAM_ALIGN 16 /* floats: 64 bytes, so every view is SIMD-aligned */
 
-int dg__params_fail(dg_params *ps, int code, const char *fmt, ...) {
-  if (!ps) return code;
-  va_list ap;
-  va_start(ap, fmt);
-  dg__vfmt(ps->errmsg, sizeof ps->errmsg, fmt, ap);
-  va_end(ap);
-  return code;
-}
-
 const char *dg_params_errmsg(const dg_params *ps) { return ps ? ps->errmsg : "no store"; }
 
 int dg_params_new(dg_params **out) {

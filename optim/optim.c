@@ -9,14 +9,6 @@
 #include "backends/kern_optim.h"
 #include "core/core_impl.h"
 
-int dg__optim_fail(dg_optim *o, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  dg__vfmt(o->errmsg, sizeof o->errmsg, fmt, ap);
-  va_end(ap);
-  return code;
-}
-
 const char *dg_optim_errmsg(const dg_optim *o) { return o ? o->errmsg : "no optimizer"; }
 
 int dg__optim_alloc(dg_optim **out, dg_params *ps, dg__optim_kind kind, const char *name,

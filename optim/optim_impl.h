@@ -43,9 +43,9 @@ struct dg_optim {
   char errmsg[256]; /* the last failing call on the optimizer */
 };
 
-/* Records the detail of a failing call on o (dg_optim_errmsg); returns code. */
-int dg__optim_fail(struct dg_optim *o, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* Records the detail of a failing call on o for dg_optim_errmsg; returns code. */
+#define dg__optim_fail(o, code, ...) \
+  dg__fail_msg((o)->errmsg, sizeof (o)->errmsg, code, __VA_ARGS__)
 
 /* Element-wise update of [lo, hi) of the flat buffers (SGD, AdamW; the
  * backend's kernel splits a long range over the device); NULL for the kinds
