@@ -266,7 +266,12 @@ double dg_tensor_get(const dg_tensor *t, int64_t i) {
   return v;
 }
 
-float dg_tensor_item(const dg_tensor *t) { return (float)dg_tensor_get(t, 0); }
+/* NAN, not element 0, for anything but one element: a loss that is really
+ * a vector (or a failed op's NULL) must not pass as a number. */
+float dg_tensor_item(const dg_tensor *t) {
+  if (!t || dg__numel(t) != 1) return NAN;
+  return (float)dg_tensor_get(t, 0);
+}
 
 dg_tensor *dg_to_dtype(dg_ctx *ctx, dg_tensor *t, dg_dtype dt) {
   if (!dg__op_begin(ctx, "to_dtype", 1, &t, (const char *[]){"t"}, 0)) return NULL;

@@ -9,16 +9,13 @@
 static int bind_affine(dg_params *ps, const char *prefix, uint64_t seed, int wnd,
                        const int64_t *wshape, int64_t fan_in, int64_t nbias, dg_tensor **w,
                        dg_tensor **b) {
-  char full[256];
   int rc = dg__bind_param(ps, prefix, "weight", wnd, wshape, w);
   if (rc) return rc;
-  dg_init_kaiming_uniform(*w, fan_in, 1.0f / sqrtf(3.0f),
-                          dg__param_seed(seed, dg__join(full, sizeof full, prefix, "weight")));
+  dg_init_kaiming_uniform(*w, fan_in, 1.0f / sqrtf(3.0f), dg__param_seed(seed, dg_tensor_name(*w)));
   if (!nbias) return DG_OK;
   if ((rc = dg__bind_param(ps, prefix, "bias", 1, &nbias, b))) return rc;
   float bound = fan_in > 0 ? 1.0f / sqrtf((float)fan_in) : 0.0f;
-  dg_init_uniform(*b, -bound, bound,
-                  dg__param_seed(seed, dg__join(full, sizeof full, prefix, "bias")));
+  dg_init_uniform(*b, -bound, bound, dg__param_seed(seed, dg_tensor_name(*b)));
   return DG_OK;
 }
 
@@ -234,11 +231,9 @@ static dg_tensor *emb_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *idx) {
 static int emb_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t seed) {
   emb_m *e = (emb_m *)m;
   int64_t ws[2] = {e->vocab, e->dim};
-  char full[256];
   int rc = dg__bind_param(ps, prefix, "weight", 2, ws, &e->w);
   if (rc) return rc;
-  dg_init_normal(e->w, 0.0f, 1.0f,
-                 dg__param_seed(seed, dg__join(full, sizeof full, prefix, "weight")));
+  dg_init_normal(e->w, 0.0f, 1.0f, dg__param_seed(seed, dg_tensor_name(e->w)));
   return DG_OK;
 }
 

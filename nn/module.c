@@ -1,12 +1,19 @@
-/* Module plumbing: dispatch, binding, train mode, Sequential. */
+/* Module plumbing: dispatch with errors that name the module, generic
+ * binding and freeing of children, train mode. */
 #include <string.h>
 
 #include "nn/nn_impl.h"
 
 const char *dg__join(char *buf, size_t cap, const char *prefix, const char *name) {
-  if (prefix && *prefix) snprintf(buf, cap, "%s.%s", prefix, name);
-  else snprintf(buf, cap, "%s", name);
-  return buf;
+  int n = (prefix && *prefix) ? snprintf(buf, cap, "%s.%s", prefix, name)
+                              : snprintf(buf, cap, "%s", name);
+  return (n >= 0 && (size_t)n < cap) ? buf : NULL;
+}
+
+/* The last n bytes of s: the end of a long path says where it is. */
+static const char *path_tail(const char *s, size_t n) {
+  size_t len = strlen(s);
+  return len > n ? s + len - n : s;
 }
 
 uint64_t dg__param_seed(uint64_t seed, const char *name) {
@@ -18,10 +25,16 @@ uint64_t dg__param_seed(uint64_t seed, const char *name) {
   return h ^ (h >> 31);
 }
 
+uint64_t dg_module_param_seed(uint64_t seed, const char *name) {
+  return dg__param_seed(seed, name ? name : "");
+}
+
 int dg__bind_param(dg_params *ps, const char *prefix, const char *name, int ndim,
                    const int64_t *shape, dg_tensor **out) {
-  char full[256];
-  dg__join(full, sizeof full, prefix, name);
+  char full[DG__NAME_MAX];
+  if (!dg__join(full, sizeof full, prefix, name))
+    return dg__params_fail(ps, DG_EINVAL, "module bind: parameter name longer than %d bytes: "
+                           "\"...%s.%s\"", DG__NAME_MAX - 1, path_tail(prefix, 64), name);
   return dg_params_add(ps, full, ndim, shape, out);
 }
 
@@ -34,42 +47,105 @@ dg_module *dg__module_alloc(size_t size, const dg_module_vtable *vt) {
   return m;
 }
 
+int dg_module_new(dg_module **out, size_t size, const dg_module_vtable *vt) {
+  if (!out) return DG_EINVAL;
+  *out = NULL;
+  if (!vt || size < sizeof(dg_module)) return DG_EINVAL;
+  *out = dg__module_alloc(size, vt);
+  return *out ? DG_OK : DG_ENOMEM;
+}
+
+/* ---- forward: the innermost failing module names itself ---- */
+
+/* The ctx whose current error already names a module, so that the modules
+ * around the failing one leave the message alone. Errors are first-wins
+ * until cleared, so the mark is dropped when a forward starts on a ctx with
+ * no error. Thread-local: a ctx is used by one thread at a time. */
+static _Thread_local const dg_ctx *t_named;
+
+/* Puts "<path> (<type>): " (a root's: "<type>: ") before ctx's message,
+ * cutting the message's end if it no longer fits. */
+static void name_error(dg_module *m, dg_ctx *ctx) {
+  char pre[DG__NAME_MAX + 64];
+  const char *type = dg_module_type(m);
+  if (m->path && *m->path) snprintf(pre, sizeof pre, "%s (%s): ", m->path, type);
+  else if (strncmp(ctx->errmsg, type, strlen(type))) snprintf(pre, sizeof pre, "%s: ", type);
+  else return; /* "Conv2d: ..." names its module already */
+  size_t cap = sizeof ctx->errmsg, np = strlen(pre), nm = strlen(ctx->errmsg);
+  if (np > cap - 1) np = cap - 1;
+  if (nm > cap - 1 - np) nm = cap - 1 - np;
+  memmove(ctx->errmsg + np, ctx->errmsg, nm);
+  memcpy(ctx->errmsg, pre, np);
+  ctx->errmsg[np + nm] = 0;
+}
+
 dg_tensor *dg_module_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   if (!ctx) return NULL;
   if (!m || !m->vt || !m->vt->forward) {
     dg__set_error(ctx, DG_EINVAL, "module forward: module is NULL or has no forward");
     return NULL;
   }
-  return m->vt->forward(m, ctx, x);
+  int had = ctx->err;
+  if (!had && t_named == ctx) t_named = NULL;
+  dg_tensor *y = m->vt->forward(m, ctx, x);
+  if (y || had || t_named == ctx) return y;
+  if (!ctx->err) /* a user forward that failed without saying why */
+    dg__set_error(ctx, x ? DG_ESTATE : DG_EINVAL, "%s",
+                  x ? "forward returned NULL and recorded no error" : "input x is NULL");
+  name_error(m, ctx);
+  t_named = ctx;
+  return NULL;
+}
+
+/* ---- bind, free, train mode: generic over children ---- */
+
+static int set_path(dg_module *m, const char *prefix) {
+  char *p = dg__strdup(prefix);
+  if (!p) return DG_ENOMEM;
+  dg__free(m->path);
+  m->path = p;
+  return DG_OK;
 }
 
 int dg_module_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t seed) {
   if (!m || !m->vt || !ps) return DG_EINVAL;
-  return m->vt->bind ? m->vt->bind(m, ps, prefix ? prefix : "", seed) : DG_OK;
+  if (!prefix) prefix = "";
+  if (set_path(m, prefix)) return dg__params_fail(ps, DG_ENOMEM, "module bind: out of memory");
+  int rc = m->vt->bind ? m->vt->bind(m, ps, prefix, seed) : DG_OK;
+  return rc ? rc : dg__children_bind(m, ps, prefix, seed);
 }
 
 void dg_module_set_train(dg_module *m, int train) {
   if (!m) return;
   m->train = !!train;
-  for (int i = 0; i < m->nchildren; i++) dg_module_set_train(m->children[i], train);
+  for (int i = 0; m->children && i < m->nchildren; i++)
+    dg_module_set_train(m->children[i], train);
 }
 
 const char *dg_module_type(const dg_module *m) {
   return (m && m->vt && m->vt->type) ? m->vt->type : "?";
 }
 
-void dg_module_free(dg_module *m) {
+void dg_module_release(dg_module *m) {
   if (!m) return;
   if (m->vt && m->vt->destroy) m->vt->destroy(m);
+  dg__children_free(m);
+  dg__free(m->path);
+  m->path = NULL;
+}
+
+void dg_module_free(dg_module *m) {
+  if (!m) return;
+  dg_module_release(m);
   dg__free(m);
 }
 
-/* ---- containers: children with names ---- */
+/* ---- children with names ---- */
 
 void dg__children_free(dg_module *m) {
   for (int i = 0; i < m->nchildren; i++) {
-    dg_module_free(m->children[i]);
-    dg__free(m->child_names[i]);
+    if (m->children) dg_module_free(m->children[i]);
+    if (m->child_names) dg__free(m->child_names[i]);
   }
   dg__free(m->children);
   dg__free(m->child_names);
@@ -79,10 +155,23 @@ void dg__children_free(dg_module *m) {
 }
 
 int dg__children_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t seed) {
-  char p[256];
+  char p[DG__NAME_MAX], idx[24];
+  if (m->nchildren > 0 && !m->children)
+    return dg__params_fail(ps, DG_EINVAL, "module bind: %s at \"%s\" has %d children but no "
+                           "children array", dg_module_type(m), prefix, m->nchildren);
   for (int i = 0; i < m->nchildren; i++) {
-    int rc = dg_module_bind(m->children[i], ps, dg__join(p, sizeof p, prefix, m->child_names[i]),
-                            seed);
+    const char *name = m->child_names ? m->child_names[i] : NULL;
+    if (!name) {
+      snprintf(idx, sizeof idx, "%d", i);
+      name = idx;
+    }
+    if (!m->children[i])
+      return dg__params_fail(ps, DG_EINVAL, "module bind: child \"%s\" of %s at \"%s\" is "
+                             "NULL", name, dg_module_type(m), prefix);
+    if (!dg__join(p, sizeof p, prefix, name))
+      return dg__params_fail(ps, DG_EINVAL, "module bind: module path longer than %d bytes: "
+                             "\"...%s.%s\"", DG__NAME_MAX - 1, path_tail(prefix, 64), name);
+    int rc = dg_module_bind(m->children[i], ps, p, seed);
     if (rc) return rc;
   }
   return DG_OK;
@@ -108,14 +197,22 @@ int dg__child_push(dg_module *m, dg_module *c, const char *name) {
   return DG_OK;
 }
 
+int dg_module_add_child(dg_module *m, dg_module *child, const char *name) {
+  if (!m || !child || child == m || (name && !*name)) return DG_EINVAL;
+  if (m->nchildren > 0 && (!m->children || !m->child_names)) return DG_EINVAL; /* hand-filled */
+  return dg__child_push(m, child, name);
+}
+
 /* ---- Sequential ---- */
 
+/* A NULL x still reaches the first child, whose error then names it. */
 static dg_tensor *seq_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
-  for (int i = 0; i < m->nchildren && x; i++) x = dg_module_forward(m->children[i], ctx, x);
+  for (int i = 0; i < m->nchildren; i++)
+    if (!(x = dg_module_forward(m->children[i], ctx, x))) return NULL;
   return x;
 }
 
-static const dg_module_vtable seq_vt = {"Sequential", seq_forward, dg__children_bind, dg__children_free};
+static const dg_module_vtable seq_vt = {"Sequential", seq_forward, NULL, NULL};
 
 int dg_nn_sequential(dg_module **out) {
   if (!out) return DG_EINVAL;
@@ -124,8 +221,8 @@ int dg_nn_sequential(dg_module **out) {
 }
 
 int dg_sequential_add(dg_module *seq, dg_module *child, const char *name) {
-  if (!seq || seq->vt != &seq_vt || !child || child == seq) return DG_EINVAL;
-  return dg__child_push(seq, child, name);
+  if (!seq || seq->vt != &seq_vt) return DG_EINVAL;
+  return dg_module_add_child(seq, child, name);
 }
 
 int dg_sequential_len(const dg_module *seq) {

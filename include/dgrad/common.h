@@ -133,8 +133,14 @@ typedef void *(*dg_realloc_fn)(void *ptr, size_t size);
 typedef void (*dg_free_fn)(void *ptr);
 DG_API int dg_set_allocator(dg_malloc_fn m, dg_realloc_fn r, dg_free_fn f);
 
-/* Threads used by compute kernels (OpenBLAS and dgrad's own loops). 0 means
- * "DG_NUM_THREADS or 1". */
+/* Threads used by compute kernels: dgrad's own pool splits large GEMMs and
+ * element-wise loops (OpenBLAS itself always runs single-threaded). The
+ * default is 1 thread unless the environment says otherwise: the first
+ * kernel that asks (or dg_set_num_threads(n <= 0)) reads DG_NUM_THREADS,
+ * or OMP_NUM_THREADS when DG_NUM_THREADS is unset; a value that is not a
+ * positive number gives 1. At most 64; a call made later replaces the
+ * environment's value. dgrun sets OMP_NUM_THREADS=1 for several ranks
+ * unless it is already set. Process-wide. */
 DG_API void dg_set_num_threads(int n);
 DG_API int dg_get_num_threads(void);
 

@@ -1,16 +1,41 @@
 /* dgrad/nn.h — modules, initialisers, losses.
  *
- * A module is a small vtable (forward, bind, name) that user code can
- * implement: embed dg_module as the first member of your struct and fill in
- * a dg_module_vtable. Modules are built without parameters; dg_module_bind()
- * registers them into a parameter store under dotted names
+ * A module is a small vtable (type, forward, bind, destroy) plus an optional
+ * list of named children. Modules are built without parameters;
+ * dg_module_bind() registers them into a parameter store under dotted names
  * ("layers.3.weight") in a stable order and initialises them from a seed.
  * Binding late lets a Sequential be split at any index and each part bound
  * to its own store (pipeline stages) with the original names kept.
  *
- * Ownership: a container owns its children (dg_module_free frees the tree).
- * Parameters belong to the store. Modules are not thread-safe; a forward uses
- * the caller's ctx. */
+ * Writing your own module (a residual block, say): embed dg_module as the
+ * first member of your struct, create it with dg_module_new, add its
+ * sub-modules with dg_module_add_child and give the vtable a forward that
+ * calls dg_module_forward on m->children[i]. Binding, train mode and freeing
+ * walk the children for you; vt->bind and vt->destroy are only for what the
+ * module itself holds (its own parameters, its own allocations).
+ * examples/custom_module/resnet.c is a complete program.
+ *
+ * Binding (dg_module_bind(m, ps, prefix, seed)):
+ *   - m's own parameters (vt->bind) come first, then each child in order,
+ *     bound under "<prefix>.<child name>" ("<child name>" when prefix is
+ *     ""): child "conv1" of a module bound at "res" owns "res.conv1.weight";
+ *     the whole tree bound at "" gives "conv1.weight". A child with no name
+ *     (child_names NULL, or its entry NULL) is named by its index.
+ *   - Every module of the tree gets the same seed; each randomly initialised
+ *     parameter draws from dg_module_param_seed(seed, its full name), so its
+ *     values depend neither on registration order nor on how a model was
+ *     split, and a tree bound at another prefix gets other values.
+ *   - The prefix is recorded as the module's path (m->path), which errors of
+ *     dg_module_forward name.
+ *   - Names longer than 255 bytes are refused (DG_EINVAL).
+ *
+ * Ownership: a module owns its children (dg_module_free frees the tree).
+ * dg_module_free frees each struct with dgrad's allocator (dg_set_allocator;
+ * malloc by default), so create structs with dg_module_new and add children
+ * with dg_module_add_child. A struct you allocate yourself (on the stack, in
+ * your own pool) is released with dg_module_release and then freed by you;
+ * it must not become another module's child. Parameters belong to the store.
+ * Modules are not thread-safe; a forward uses the caller's ctx. */
 #ifndef DGRAD_NN_H
 #define DGRAD_NN_H
 
@@ -23,37 +48,64 @@ extern "C" {
 typedef struct dg_module dg_module;
 
 typedef struct {
-  const char *type; /* "Linear", ... */
+  const char *type; /* "Linear", ...; errors and dg_module_type show it */
   /* x -> y in ctx's arena; NULL on error (detail in dg_ctx_errmsg(ctx)). */
   dg_tensor *(*forward)(dg_module *m, dg_ctx *ctx, dg_tensor *x);
-  /* Registers this module's parameters as "<prefix>.<name>" (prefix may be
-   * "") and initialises them from `seed`. NULL when the module has none. */
+  /* Registers the module's own parameters (not its children's) as
+   * "<prefix>.<name>" ("<name>" when prefix is "") and initialises them,
+   * e.g. from dg_module_param_seed(seed, full name); on failure returns the
+   * code with the detail in dg_params_errmsg(ps). NULL: none of its own. */
   int (*bind)(dg_module *m, dg_params *ps, const char *prefix, uint64_t seed);
-  /* Frees what the module owns (children included), not the struct itself
-   * when it is embedded elsewhere; NULL when there is nothing to free. */
+  /* Frees what the module holds besides its children, never the struct
+   * itself. dg_module_release frees the children after calling this (a
+   * destroy that frees them itself must leave nchildren 0). NULL: nothing. */
   void (*destroy)(dg_module *m);
 } dg_module_vtable;
 
 struct dg_module {
   const dg_module_vtable *vt;
-  int train; /* set by dg_module_set_train */
-  /* containers: children; leaves: 0 / NULL */
+  int train; /* set by dg_module_set_train; 1 when created */
+  /* sub-modules, owned; fill with dg_module_add_child (arrays filled by hand
+   * must come from dgrad's allocator, which frees them) */
   int nchildren;
   dg_module **children;
   char **child_names;
+  /* the prefix of the last dg_module_bind ("" for a root bound at ""),
+   * NULL before; owned by the module */
+  char *path;
 };
 
-/* Calls vt->forward. */
+/* A zeroed module struct of `size` bytes (>= sizeof(dg_module); your struct
+ * embeds dg_module first) with vt set and train mode on, allocated with
+ * dgrad's allocator so that dg_module_free can free it. */
+DG_API int dg_module_new(dg_module **out, size_t size, const dg_module_vtable *vt);
+/* Appends `child` under `name` (NULL: its index, "0", "1", ...; "" is
+ * refused). Ownership moves to m on success only. */
+DG_API int dg_module_add_child(dg_module *m, dg_module *child, const char *name);
+/* Calls vt->forward. When it fails and the ctx had no error before, the
+ * error names the innermost failing module by path and type:
+ * "features.3 (Conv2d): conv2d: ..." (a root bound at "" or a module never
+ * bound: "Conv2d: ..."). The code is the failing op's.
+ * A forward that returns NULL without recording an error gets one. */
 DG_API dg_tensor *dg_module_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x);
-/* Registers and initialises every parameter of the tree. On failure
- * dg_params_errmsg(ps) names the parameter and why. */
+/* Registers and initialises every parameter of the tree (rules above). On
+ * failure dg_params_errmsg(ps) names the parameter and why. */
 DG_API int dg_module_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t seed);
-/* Train/eval mode for the tree (dropout reads the ctx's mode; this flag is
- * for user modules that care). */
+/* The seed a parameter named `name` (its full name) is initialised from,
+ * for a tree bound with `seed`; what the built-in modules use. */
+DG_API uint64_t dg_module_param_seed(uint64_t seed, const char *name);
+/* Train/eval mode for the tree, like torch's module.train()/eval(). Dropout
+ * (the Dropout module and the dropout inside attention and transformer
+ * blocks) is active only while both this flag and the ctx's mode
+ * (dg_ctx_set_train) are on: either one turns it off. */
 DG_API void dg_module_set_train(dg_module *m, int train);
 DG_API const char *dg_module_type(const dg_module *m);
-/* Frees the tree (vt->destroy, then the struct via dg's allocator). For
- * modules created by dgrad's constructors. NULL: no-op. */
+/* Frees what m holds: vt->destroy, then its children (dg_module_free on
+ * each) and their names, then its path; m itself is left to its owner and
+ * may be reused. NULL: no-op. */
+DG_API void dg_module_release(dg_module *m);
+/* dg_module_release, then the struct via dgrad's allocator: for modules
+ * from dg_module_new and the dg_nn_* constructors. NULL: no-op. */
 DG_API void dg_module_free(dg_module *m);
 
 /* ---- built-in modules ---- */
@@ -66,6 +118,7 @@ DG_API int dg_nn_maxpool2d(dg_module **out, int k, int stride);
 DG_API int dg_nn_relu(dg_module **out);
 DG_API int dg_nn_gelu(dg_module **out);
 DG_API int dg_nn_tanh(dg_module **out);
+/* Active only in train mode (dg_module_set_train and dg_ctx_set_train). */
 DG_API int dg_nn_dropout(dg_module **out, float p);
 /* (N, C, H, W) -> (N, C*H*W) */
 DG_API int dg_nn_flatten(dg_module **out);
@@ -79,7 +132,7 @@ DG_API int dg_nn_transformer_block(dg_module **out, int64_t dim, int heads, floa
 
 /* Sequential with named children ("0", "1", ... unless named). */
 DG_API int dg_nn_sequential(dg_module **out);
-/* Appends `child` (ownership moves to the sequential); name NULL: its index. */
+/* dg_module_add_child for a Sequential (DG_EINVAL on any other module). */
 DG_API int dg_sequential_add(dg_module *seq, dg_module *child, const char *name);
 DG_API int dg_sequential_len(const dg_module *seq);
 DG_API dg_module *dg_sequential_get(const dg_module *seq, int i);

@@ -110,7 +110,9 @@ DG_API dg_dtype dg_tensor_dtype(const dg_tensor *t);
 DG_API int dg_tensor_device(const dg_tensor *t);
 DG_API int dg_tensor_is_contiguous(const dg_tensor *t);
 DG_API void *dg_tensor_data(const dg_tensor *t); /* first element */
-/* Value of a one-element tensor as float (f32/f16/bf16/ints). */
+/* Value of a one-element tensor (any shape with numel 1) as float
+ * (f32/f16/bf16/ints). NAN when t is NULL or holds any other number of
+ * elements (where torch's item() raises): test with isnan(). */
 DG_API float dg_tensor_item(const dg_tensor *t);
 /* Element at flat logical index i (follows strides), as double. */
 DG_API double dg_tensor_get(const dg_tensor *t, int64_t i);
