@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
+#include <stdarg.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include "dgrad_config.h"
 #include "dist/coll_impl.h"
 #include "dist/net/net_impl.h"
+#include "dist/store/store_impl.h"
 #include "base/common_impl.h"
 
 #define INFO_FMT "dgrad %s world=%d"
@@ -83,6 +85,7 @@ typedef struct {
   size_t cap;
   char **hosts;     /* (size) hostnames of dgrad peers */
   uint64_t *probe;  /* (size) their cross-memory-attach probe addresses */
+  unsigned char *dgrad; /* (size) 1 for the dgrad peers */
 } check_ctx;
 
 /* "dgrad_host/<r>" = "<hostname> <pid> <probe address>": lets dgrad ranks
@@ -126,6 +129,7 @@ static int check_peer(void *arg, int peer) {
                 "rank %d runs \"%s\" but rank %d runs \"%s\": versions and world sizes must "
                 "match", cc->pg->rank, mine, peer, theirs);
   cc->ndgrad++;
+  cc->dgrad[peer] = 1;
   read_host(cc, peer);
   return 1;
 }
@@ -182,33 +186,77 @@ static int make_stores(dg_pg *pg, dg_store *base, const char *group) {
 static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_storage *bind,
                              check_ctx *cc, char *err, size_t cap);
 
-static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) {
-  struct sockaddr_storage bind;
-  int rc = pick_addr(o, &bind, err, cap);
-  if (rc != DG_OK) return rc;
+/* "dgrad_info/<r>" (version, world size) and "dgrad_host/<r>" (host, pid,
+ * probe): what tells dgrad peers apart from torch and libgloo ones. */
+static int publish_self(dg_pg *pg, char *err, size_t cap) {
   char key[48], info[64];
   snprintf(key, sizeof key, "dgrad_info/%d", pg->rank);
   snprintf(info, sizeof info, INFO_FMT, dg_version(), pg->size);
-  if ((rc = dg_store_set(pg->k_grp, key, info, strlen(info))) != DG_OK)
+  int rc = dg_store_set(pg->k_grp, key, info, strlen(info));
+  if (rc != DG_OK)
     return dg__fail_msg(err, cap, rc, "publishing version: %s", dg_store_errmsg(pg->k_grp));
-  char hk[48], hv[512], host[256] = "";
+  char hv[512], host[256] = "";
   gethostname(host, sizeof host - 1);
-  snprintf(hk, sizeof hk, "dgrad_host/%d", pg->rank);
+  snprintf(key, sizeof key, "dgrad_host/%d", pg->rank);
   snprintf(hv, sizeof hv, "%s %d %llx", host, (int)getpid(),
            (unsigned long long)(uintptr_t)dg__cma_probe());
-  if ((rc = dg_store_set(pg->k_grp, hk, hv, strlen(hv))) != DG_OK)
+  if ((rc = dg_store_set(pg->k_grp, key, hv, strlen(hv))) != DG_OK)
     return dg__fail_msg(err, cap, rc, "publishing host: %s", dg_store_errmsg(pg->k_grp));
-  check_ctx cc = {pg, 0, err, cap, dg__calloc((size_t)pg->size, sizeof(char *)),
-                  dg__calloc((size_t)pg->size, sizeof(uint64_t))};
-  pg->pids = dg__calloc((size_t)pg->size, sizeof(int));
-  if (!cc.hosts || !cc.probe || !pg->pids) rc = DG_ENOMEM;
+  return DG_OK;
+}
+
+/* The end of rendezvous, acknowledged, in a group that owns its store
+ * (dg_pg_new_from_env; rank 0 hosts it): every other dgrad rank's last
+ * store request sets "dgrad_done/<r>", and rank 0 returns only once all of
+ * them have, so it may stop serving (even exit without dg_pg_free) without
+ * cutting a rank off mid-rendezvous. Torch ranks send no such key: rank 0's
+ * drain in dg_pg_free waits for them to disconnect. Every rank then drops
+ * its connection, which that drain waits for. */
+static int finish_rdzv(dg_pg *pg, const check_ctx *cc, char *err, size_t cap) {
+  char key[48];
+  int rc = DG_OK;
+  if (pg->rank != 0) {
+    snprintf(key, sizeof key, "dgrad_done/%d", pg->rank);
+    if ((rc = dg_store_set(pg->k_grp, key, "1", 1)) != DG_OK)
+      return dg__fail_msg(err, cap, rc, "end of rendezvous: %s", dg_store_errmsg(pg->k_grp));
+  } else {
+    char **keys = dg__calloc((size_t)pg->size, sizeof *keys);
+    int n = 0;
+    if (!keys) return DG_ENOMEM;
+    for (int r = 1; r < pg->size && rc == DG_OK; r++) {
+      if (!cc->dgrad[r]) continue;
+      if (!(keys[n] = dg__malloc(sizeof key))) rc = DG_ENOMEM;
+      else snprintf(keys[n++], sizeof key, "dgrad_done/%d", r);
+    }
+    if (rc == DG_OK && (rc = dg_store_wait(pg->k_grp, (const char *const *)keys, n, 0)))
+      dg__fail_msg(err, cap, rc, "end of rendezvous: waiting for the other dgrad ranks: %s",
+                   dg_store_errmsg(pg->k_grp));
+    for (int i = 0; i < n; i++) dg__free(keys[i]);
+    dg__free(keys);
+  }
+  if (rc == DG_OK) dg__store_release(pg->own_store);
+  return rc;
+}
+
+static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) {
+  struct sockaddr_storage bind;
+  int rc = pick_addr(o, &bind, err, cap);
+  if (rc == DG_OK) rc = publish_self(pg, err, cap);
+  if (rc != DG_OK) return rc;
+  size_t W = (size_t)pg->size;
+  check_ctx cc = {pg, 0, err, cap, dg__calloc(W, sizeof(char *)), dg__calloc(W, sizeof(uint64_t)),
+                  dg__calloc(W, 1)};
+  pg->pids = dg__calloc(W, sizeof(int));
+  if (!cc.hosts || !cc.probe || !cc.dgrad || !pg->pids) rc = DG_ENOMEM;
   if (rc == DG_OK) rc = connect_transport(pg, o, &bind, &cc, err, cap);
-  for (int i = 0; cc.hosts && i < pg->size; i++) dg__free(cc.hosts[i]);
+  if (rc == DG_OK && pg->torch_rdzv) rc = store_barrier(pg, err, cap);
+  if (rc == DG_OK && pg->torch_rdzv) rc = seq_handshake(pg, err, cap);
+  if (rc == DG_OK && pg->own_store) rc = finish_rdzv(pg, &cc, err, cap);
+  for (size_t i = 0; cc.hosts && i < W; i++) dg__free(cc.hosts[i]);
   dg__free(cc.hosts);
   dg__free(cc.probe);
+  dg__free(cc.dgrad);
   if (rc != DG_OK) return rc;
-  if (pg->torch_rdzv && (rc = store_barrier(pg, err, cap)) != DG_OK) return rc;
-  if (pg->torch_rdzv && (rc = seq_handshake(pg, err, cap)) != DG_OK) return rc;
   DG_LOGI("dist: rank %d of %d connected (%s)", pg->rank, pg->size,
           pg->all_dgrad ? "all ranks dgrad" : "mixed group: Gloo algorithms");
   return dg__pg_start_worker(pg);
@@ -237,7 +285,20 @@ static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_sto
   return DG_OK;
 }
 
-static void pg_destroy(dg_pg *pg) {
+/* After a failed init, the store host keeps serving for up to
+ * FAIL_DRAIN_MS, until no client has been connected for FAIL_QUIET_MS:
+ * ranks that time out on the same missing peer at about the same moment
+ * (their timed-out waits drop the connection, then they reconnect) still
+ * find the store to say which ranks never came. */
+#define FAIL_DRAIN_MS 2000
+#define FAIL_QUIET_MS 200
+
+/* A group hosting its store (rank 0 of dg_pg_new_from_env) keeps serving
+ * it until every client has disconnected (and none came back for quiet_ms),
+ * for at most drain_ms: a rank still in rendezvous, or a torch rank
+ * (connected until it exits), must not lose the store under it. Peers see
+ * the transport close first. */
+static void pg_destroy(dg_pg *pg, int drain_ms, int quiet_ms) {
   dg__pg_stop_worker(pg);
   if (pg->x) pg->x->vt->destroy(pg->x);
   dg__free(pg->scratch);
@@ -248,11 +309,69 @@ static void pg_destroy(dg_pg *pg) {
   dg_store_free(pg->s_dev);
   dg_store_free(pg->s_grp);
   dg_store_free(pg->s_pg);
+  if (pg->own_store) {
+    int left = dg__store_drain(pg->own_store, dg__deadline(drain_ms, 1), quiet_ms);
+    if (left)
+      DG_LOGW("dist: rank %d: stopped serving the TCPStore with %d connection(s) still open "
+              "after %d ms", pg->rank, left, drain_ms);
+  }
   dg_store_free(pg->own_store);
   pthread_cond_destroy(&pg->qcv);
   pthread_cond_destroy(&pg->dcv);
   pthread_mutex_destroy(&pg->mu);
   dg__free(pg);
+}
+
+/* Whether rank r published anything: dgrad's "dgrad_info/<r>" or Gloo's
+ * "rank_<r>" (the first key of a torch or libgloo rank). */
+static int rank_came(dg_pg *pg, int r, int *came) {
+  char k1[48], k2[48];
+  const char *a = k1, *b = k2;
+  snprintf(k1, sizeof k1, "dgrad_info/%d", r);
+  snprintf(k2, sizeof k2, "rank_%d", r);
+  int rc = dg_store_check(pg->k_grp, &a, 1, came);
+  if (rc == DG_OK && !*came) rc = dg_store_check(pg->k_dev, &b, 1, came);
+  return rc;
+}
+
+/* A rendezvous timed out: put the ranks that never came ahead of the
+ * detail, e.g. "ranks 1, 3 of 4 did not join within 30000 ms (...)". The
+ * detail stays alone when every rank came or the store cannot tell. */
+static void name_absent(dg_pg *pg, char *err, size_t cap) {
+  char list[448] = "";
+  size_t o = 0;
+  int n = 0;
+  for (int r = 0; r < pg->size; r++) {
+    int came = 1;
+    if (r == pg->rank) continue;
+    if (rank_came(pg, r, &came) != DG_OK) return;
+    if (came || ++n > 32) continue; /* 32 numbers of 10 digits fit */
+    o += (size_t)snprintf(list + o, sizeof list - o, "%s%d", n > 1 ? ", " : "", r);
+  }
+  if (!n) return;
+  if (n > 32) snprintf(list + o, sizeof list - o, " and %d more", n - 32);
+  char detail[512];
+  snprintf(detail, sizeof detail, "%s", err);
+  dg__fail_msg(err, cap, DG_ETIMEDOUT, "rank%s %s of %d did not join within %d ms (%s)",
+               n > 1 ? "s" : "", list, pg->size, pg->timeout_ms, detail);
+}
+
+static dg_pg *pg_alloc(const dg_pg_opts *o, dg_store *own) {
+  dg_pg *pg = dg__calloc(1, sizeof *pg);
+  if (!pg) return NULL;
+  pthread_mutex_init(&pg->mu, NULL);
+  pthread_cond_init(&pg->qcv, NULL);
+  pthread_cond_init(&pg->dcv, NULL);
+  pg->rank = o->rank;
+  pg->size = o->world_size;
+  pg->local_rank = o->rank;
+  pg->local_size = o->world_size;
+  pg->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 300000;
+  pg->own_store = own;
+  pg->torch_rdzv = o->rendezvous != DG_RDZV_GLOO;
+  pg->no_shm = o->no_shm;
+  if (o->link) pg->link = *o->link;
+  return pg;
 }
 
 static int new_pg(dg_pg **out, const dg_pg_opts *o, dg_store *own, char *err, size_t cap) {
@@ -268,28 +387,17 @@ static int new_pg(dg_pg **out, const dg_pg_opts *o, dg_store *own, char *err, si
     return dg__fail_msg(err, cap, DG_EINVAL, "dg_pg_new: need a store, 0 <= rank < world_size");
   }
   *out = NULL;
-  dg_pg *pg = dg__calloc(1, sizeof *pg);
+  dg_pg *pg = pg_alloc(o, own);
   if (!pg) {
     dg_store_free(own);
     return DG_ENOMEM;
   }
-  pthread_mutex_init(&pg->mu, NULL);
-  pthread_cond_init(&pg->qcv, NULL);
-  pthread_cond_init(&pg->dcv, NULL);
-  pg->rank = o->rank;
-  pg->size = o->world_size;
-  pg->local_rank = o->rank;
-  pg->local_size = o->world_size;
-  pg->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 300000;
-  pg->own_store = own;
-  pg->torch_rdzv = o->rendezvous != DG_RDZV_GLOO;
-  pg->no_shm = o->no_shm;
-  if (o->link) pg->link = *o->link;
   int rc = make_stores(pg, o->store, o->group_name ? o->group_name : "0");
   if (rc == DG_OK) rc = connect_group(pg, o, err, cap);
   if (rc != DG_OK) {
+    if (rc == DG_ETIMEDOUT) name_absent(pg, err, cap);
     if (tmp == err) DG_LOGW("dist: rank %d: init failed: %s", o->rank, err);
-    pg_destroy(pg);
+    pg_destroy(pg, DG_MIN(pg->timeout_ms, FAIL_DRAIN_MS), FAIL_QUIET_MS);
     return rc;
   }
   *out = pg;
@@ -300,48 +408,136 @@ int dg_pg_new(dg_pg **out, const dg_pg_opts *o, char *err, size_t cap) {
   return new_pg(out, o, NULL, err, cap);
 }
 
-static int env_int(const char *a, const char *b, const char *c, int dflt) {
-  const char *names[3] = {a, b, c};
-  for (int i = 0; i < 3; i++) {
-    const char *v = names[i] ? getenv(names[i]) : NULL;
-    if (v && *v) {
-      char *end;
-      long x = strtol(v, &end, 10);
-      if (!*end && x >= 0 && x < (1L << 30)) return (int)x;
-      return -2;
+/* Problems found in the environment, joined by "; ". */
+typedef struct {
+  char msg[768];
+  size_t o;
+  int bad, unset;
+} env_report;
+
+__attribute__((format(printf, 2, 3)))
+static void env_bad(env_report *er, const char *fmt, ...) {
+  if (er->o + 3 >= sizeof er->msg) return;
+  if (er->bad++) er->o += (size_t)snprintf(er->msg + er->o, sizeof er->msg - er->o, "; ");
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(er->msg + er->o, sizeof er->msg - er->o, fmt, ap);
+  va_end(ap);
+  if (n > 0) er->o = DG_MIN(er->o + (size_t)n, sizeof er->msg - 1);
+}
+
+#define MAX_RANKS ((1L << 30) - 1)
+
+/* The first of names[0..n) set to a non-empty value, as an integer in
+ * [lo, hi]: 1 with *v and *which; 0 when none is set (required: reported);
+ * -1 when the value is no such integer (reported, naming it). */
+static int env_int(env_report *er, const char *const *names, int n, long lo, long hi,
+                   int required, int *v, const char **which) {
+  for (int i = 0; i < n; i++) {
+    const char *s = getenv(names[i]);
+    if (!s || !*s) continue;
+    char *end;
+    errno = 0;
+    long x = strtol(s, &end, 10);
+    *which = names[i];
+    if (end == s || *end || errno == ERANGE) {
+      env_bad(er, "%s=\"%.64s\" is not an integer", names[i], s);
+      return -1;
     }
+    if (x < lo || x > hi) {
+      env_bad(er, "%s=%ld is out of range (%ld to %ld)", names[i], x, lo, hi);
+      return -1;
+    }
+    *v = (int)x;
+    return 1;
   }
-  return dflt;
+  if (required) {
+    er->unset = 1;
+    env_bad(er, n == 1 ? "%s is not set" : n == 2 ? "none of %s, %s is set"
+                                                  : "none of %s, %s, %s is set",
+            names[0], n > 1 ? names[1] : "", n > 2 ? names[2] : "");
+  }
+  return 0;
+}
+
+typedef struct {
+  int rank, world, port, local_rank, local_size;
+  const char *addr;
+} env_cfg;
+
+static const char *const RANK_VARS[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"};
+static const char *const WORLD_VARS[] = {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"};
+static const char *const PORT_VARS[] = {"MASTER_PORT"};
+static const char *const LRANK_VARS[] = {"LOCAL_RANK", "SLURM_LOCALID",
+                                         "OMPI_COMM_WORLD_LOCAL_RANK"};
+static const char *const LSIZE_VARS[] = {"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
+                                         "OMPI_COMM_WORLD_LOCAL_SIZE"};
+
+/* torchrun's variables (else SLURM's, else Open MPI's). Every problem is
+ * reported, each naming the variable and the value found. */
+static int read_env(env_cfg *c, char *err, size_t cap) {
+  env_report er = {.o = 0};
+  const char *rn = "", *wn = "", *pn = "", *ln = "";
+  int hr = env_int(&er, RANK_VARS, 3, 0, MAX_RANKS, 1, &c->rank, &rn);
+  int hw = env_int(&er, WORLD_VARS, 3, 1, MAX_RANKS, 1, &c->world, &wn);
+  if (hr == 1 && hw == 1 && c->rank >= c->world)
+    env_bad(&er, "%s=%d is not below %s=%d", rn, c->rank, wn, c->world);
+  c->port = 29500;
+  if (env_int(&er, PORT_VARS, 1, 0, 65535, 0, &c->port, &pn) == 1 && c->port == 0 &&
+      hw == 1 && c->world > 1)
+    env_bad(&er, "MASTER_PORT=0 (any free port) cannot be found by the other ranks of "
+            "%s=%d", wn, c->world);
+  c->local_rank = c->rank;
+  c->local_size = c->world;
+  env_int(&er, LRANK_VARS, 3, 0, MAX_RANKS, 0, &c->local_rank, &ln);
+  env_int(&er, LSIZE_VARS, 3, 1, MAX_RANKS, 0, &c->local_size, &ln);
+  c->addr = getenv("MASTER_ADDR");
+  if (!c->addr || !*c->addr) c->addr = "127.0.0.1";
+  if (!er.bad) return DG_OK;
+  return dg__fail_msg(err, cap, DG_EINVAL, "environment: %s%s", er.msg,
+                      er.unset ? " (dgrun and torchrun set RANK and WORLD_SIZE)" : "");
+}
+
+/* The TCPStore of an environment group: rank 0 hosts it and does not wait
+ * for the anonymous "init/" count (the rendezvous then names the ranks that
+ * never came); the others add to that count for a torch host. */
+static int env_store(dg_store **st, const env_cfg *c, int timeout_ms, char *err, size_t cap) {
+  dg_tcp_store_opts so = {.host = c->addr, .port = c->port, .is_server = c->rank == 0,
+                          .world_size = c->world, .wait_workers = c->rank != 0,
+                          .timeout_ms = timeout_ms};
+  char serr[384];
+  int rc = dg_store_new_tcp(st, &so, serr, sizeof serr);
+  if (rc == DG_ETIMEDOUT && c->rank != 0)
+    return dg__fail_msg(err, cap, rc, "rank %d: rank 0 did not come up within %d ms (%s; "
+                        "MASTER_ADDR/MASTER_PORT)", c->rank, timeout_ms > 0 ? timeout_ms : 300000,
+                        serr);
+  if (rc != DG_OK)
+    return dg__fail_msg(err, cap, rc, "rank %d: TCPStore %s:%d (%s, from MASTER_ADDR/MASTER_PORT): %s",
+                        c->rank, c->addr, c->port, c->rank == 0 ? "hosting" : "client", serr);
+  return DG_OK;
 }
 
 int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap) {
-  int rank = env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", -1);
-  int world = env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", -1);
-  int port = env_int("MASTER_PORT", NULL, NULL, 29500);
-  const char *addr = getenv("MASTER_ADDR");
-  if (!addr || !*addr) addr = "127.0.0.1";
-  if (!out) return DG_EINVAL;
-  if (rank < 0 || world < 1 || rank >= world || port < 0 || port > 65535)
-    return dg__fail_msg(err, cap, DG_EINVAL,
-                "environment: need RANK and WORLD_SIZE (or SLURM_PROCID/SLURM_NTASKS, "
-                "OMPI_COMM_WORLD_RANK/SIZE) with 0 <= RANK < WORLD_SIZE, and a valid "
-                "MASTER_PORT");
-  dg_tcp_store_opts so = {.host = addr, .port = port, .is_server = rank == 0,
-                          .world_size = world, .wait_workers = 1, .timeout_ms = timeout_ms};
+  char tmp[1024];
+  char *e = err && cap ? err : tmp;
+  size_t ecap = err && cap ? cap : sizeof tmp;
+  if (!out) return dg__fail_msg(err, cap, DG_EINVAL, "dg_pg_new_from_env: out is NULL");
+  *out = NULL;
+  env_cfg c;
   dg_store *st = NULL;
-  char serr[384];
-  int rc = dg_store_new_tcp(&st, &so, serr, sizeof serr);
-  if (rc != DG_OK)
-    return dg__fail_msg(err, cap, rc, "rank %d: TCPStore %s:%d (%s, from MASTER_ADDR/MASTER_PORT): %s",
-                        rank, addr, port, rank == 0 ? "hosting" : "client", serr);
-  dg_pg_opts o = {.rank = rank, .world_size = world, .store = st, .timeout_ms = timeout_ms,
-                  .route_to = addr};
+  int rc = read_env(&c, e, ecap);
+  if (rc == DG_OK) rc = env_store(&st, &c, timeout_ms, e, ecap);
+  if (rc != DG_OK) {
+    if (e == tmp) DG_LOGW("dg_pg_new_from_env: %s", tmp);
+    return rc;
+  }
+  dg_pg_opts o = {.rank = c.rank, .world_size = c.world, .store = st, .timeout_ms = timeout_ms,
+                  .route_to = c.addr};
   dg_pg_opts_from_env(&o);
   rc = new_pg(out, &o, st, err, cap);
   if (rc != DG_OK) return rc; /* new_pg freed the store with the group */
-  (*out)->local_rank = env_int("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", rank);
-  (*out)->local_size = env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
-                               "OMPI_COMM_WORLD_LOCAL_SIZE", world);
+  (*out)->local_rank = c.local_rank;
+  (*out)->local_size = c.local_size;
   return DG_OK;
 }
 
@@ -357,7 +553,7 @@ int dg_pg_opts_from_env(dg_pg_opts *o) {
 }
 
 void dg_pg_free(dg_pg *pg) {
-  if (pg) pg_destroy(pg);
+  if (pg) pg_destroy(pg, pg->timeout_ms, 0);
 }
 
 int dg_pg_rank(const dg_pg *pg) { return pg ? pg->rank : DG_EINVAL; }

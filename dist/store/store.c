@@ -55,6 +55,14 @@ int dg_store_port(const dg_store *s) {
   return s && s->vt->port ? s->vt->port(s) : DG_EINVAL;
 }
 
+void dg__store_release(dg_store *s) {
+  if (s && s->vt->release) s->vt->release(s);
+}
+
+int dg__store_drain(dg_store *s, int64_t deadline, int quiet_ms) {
+  return s && s->vt->drain ? s->vt->drain(s, deadline, quiet_ms) : 0;
+}
+
 void dg_store_value_free(void *val) { dg__free(val); }
 
 static int bad_key(const char *key) { return !key || !*key; }

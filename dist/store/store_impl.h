@@ -20,6 +20,9 @@ typedef struct {
   int (*del)(dg_store *s, const char *key, int *deleted);
   int (*num_keys)(dg_store *s, int64_t *n);
   int (*port)(const dg_store *s);
+  /* Optional (TCP): close this handle's connection; drain as below. */
+  void (*release)(dg_store *s);
+  int (*drain)(dg_store *s, int64_t deadline, int quiet_ms);
   void (*destroy)(dg_store *s);
 } dg_store_vt;
 
@@ -37,6 +40,17 @@ int dg__store_fail(dg_store *s, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Names the keys that are missing (for timeout messages). */
 int dg__store_timeout(dg_store *s, const char *const *keys, int nkeys, int timeout_ms);
+
+/* Closes this handle's connection to its server, if any; the next call
+ * reconnects. A rank done with rendezvous calls it so that the hosting
+ * rank's drain need not wait for that rank to leave. */
+void dg__store_release(dg_store *s);
+/* For a handle hosting a TCP store: closes its own connection, then keeps
+ * serving until no client has been connected for quiet_ms (a client whose
+ * wait timed out reconnects at once: quiet_ms spans that gap) or the
+ * absolute deadline (ms) has passed. Returns the connections still open
+ * (0: all left; always 0 for other stores). */
+int dg__store_drain(dg_store *s, int64_t deadline, int quiet_ms);
 
 /* libstdc++ std::hash<std::string> (_Hash_bytes, seed 0xc70f6907). */
 uint64_t dg__std_hash_bytes(const void *p, size_t len, uint64_t seed);

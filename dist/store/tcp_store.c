@@ -22,6 +22,7 @@ typedef struct {
   struct sockaddr_storage addr;
   socklen_t alen;
   dg_ts_server *server;
+  int was_up; /* connected once: a refusal now means the server left */
 } tcp_store;
 
 #define T(s) ((tcp_store *)(s))
@@ -76,9 +77,11 @@ static int io_fail(dg_store *s, int err, const char *what) {
 static int ensure_conn(dg_store *s, int64_t deadline) {
   tcp_store *t = T(s);
   if (t->fd >= 0) return DG_OK;
-  int fd = dg__connect_tcp(&t->addr, t->alen, deadline, 1);
+  /* Until the server is first reached it may not be up yet: retry. */
+  int fd = dg__connect_tcp(&t->addr, t->alen, deadline, !t->was_up);
   if (fd < 0) return io_fail(s, fd, "connect");
   t->fd = fd;
+  t->was_up = 1;
   return DG_OK;
 }
 
@@ -251,6 +254,19 @@ static int ts_num_keys(dg_store *s, int64_t *n) {
 
 static int ts_port(const dg_store *s) { return T(s)->port; }
 
+static void ts_release(dg_store *s) {
+  tcp_store *t = T(s);
+  pthread_mutex_lock(&t->mu);
+  if (t->fd >= 0) close(t->fd);
+  t->fd = -1;
+  pthread_mutex_unlock(&t->mu);
+}
+
+static int ts_drain(dg_store *s, int64_t deadline, int quiet_ms) {
+  ts_release(s);
+  return T(s)->server ? dg__ts_server_drain(T(s)->server, deadline, quiet_ms) : 0;
+}
+
 static void ts_destroy(dg_store *s) {
   tcp_store *t = T(s);
   if (t->fd >= 0) close(t->fd);
@@ -262,7 +278,7 @@ static void ts_destroy(dg_store *s) {
 static const dg_store_vt tcp_vt = {
     .kind = "tcp", .set = ts_set, .get = ts_get, .add = ts_add, .compare_set = ts_cas,
     .check = ts_check, .wait = ts_wait, .del = ts_del, .num_keys = ts_num_keys,
-    .port = ts_port, .destroy = ts_destroy};
+    .port = ts_port, .release = ts_release, .drain = ts_drain, .destroy = ts_destroy};
 
 /* torch's waitForWorkers: ADD "init/" 1 (no "/" prefix); the server's own
  * client then polls it every 10 ms until the world has joined. */
@@ -272,8 +288,9 @@ static int wait_workers(dg_store *s, int world, int is_server) {
   while (rc == DG_OK && is_server && v < world) {
     if (dg__now_ms() >= deadline)
       return dg__store_fail(s, DG_ETIMEDOUT,
-                            "tcp store: timed out after %d ms waiting for clients: %lld/%d "
-                            "joined", s->timeout_ms, (long long)v, world);
+                            "tcp store %s:%d: timed out after %d ms waiting for clients: "
+                            "%lld/%d joined", T(s)->host, T(s)->port, s->timeout_ms,
+                            (long long)v, world);
     usleep(10000);
     rc = add_raw(s, "init/", 1, 0, &v);
   }
@@ -295,16 +312,17 @@ int dg_store_new_tcp(dg_store **out, const dg_tcp_store_opts *o, char *err, size
   snprintf(t->host, sizeof t->host, "%s", o->host && *o->host ? o->host : "127.0.0.1");
   int rc = DG_OK;
   if (o->is_server) rc = dg__ts_server_start(&t->server, &t->port);
-  if (rc != DG_OK) dg__store_fail(&t->base, rc, "cannot listen on port %d", o->port);
+  if (rc != DG_OK)
+    dg__store_fail(&t->base, rc, "tcp store %s:%d: cannot listen on port %d", t->host, o->port,
+                   o->port);
   if (rc == DG_OK && dg__resolve(t->host, t->port, &t->addr, &t->alen) < 0)
-    rc = dg__store_fail(&t->base, DG_EINVAL, "cannot resolve host \"%s\"", t->host);
+    rc = dg__store_fail(&t->base, DG_EINVAL, "tcp store %s:%d: cannot resolve host \"%s\"",
+                        t->host, t->port, t->host);
   if (rc == DG_OK) rc = ensure_conn(&t->base, dg__deadline(0, t->base.timeout_ms));
   if (rc == DG_OK && o->wait_workers) rc = wait_workers(&t->base, o->world_size, o->is_server);
-  if (rc != DG_OK) {
-    dg__fail_msg(err, cap, rc, "tcp store %s:%d: %s", t->host, t->port,
-                 dg_store_errmsg(&t->base));
-    if (!err || !cap)
-      DG_LOGW("tcp store %s:%d: %s", t->host, t->port, dg_store_errmsg(&t->base));
+  if (rc != DG_OK) { /* every message above names the store */
+    dg__fail_msg(err, cap, rc, "%s", dg_store_errmsg(&t->base));
+    if (!err || !cap) DG_LOGW("%s", dg_store_errmsg(&t->base));
     ts_destroy(&t->base);
     return rc;
   }

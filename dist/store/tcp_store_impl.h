@@ -26,6 +26,10 @@ typedef struct dg_ts_server dg_ts_server;
 
 /* Starts the server thread listening on port (0: any); *port gets the port. */
 int dg__ts_server_start(dg_ts_server **out, int *port);
+/* Waits until no client has been connected for quiet_ms, or the absolute
+ * deadline (ms); returns the clients still connected. The server keeps
+ * serving. */
+int dg__ts_server_drain(dg_ts_server *srv, int64_t deadline, int quiet_ms);
 void dg__ts_server_stop(dg_ts_server *srv);
 
 #endif

@@ -34,6 +34,10 @@ struct dg_ts_server {
   dg_kv kv;
   client_t *cl; /* (ncl) */
   int ncl, capcl;
+  /* ncl as last published by the server thread, for dg__ts_server_drain */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int live;
 };
 
 static int buf_put(buf_t *b, const void *p, size_t n) {
@@ -291,6 +295,14 @@ static void accept_clients(dg_ts_server *s) {
   }
 }
 
+/* Publishes the client count after each round of the poll loop. */
+static void publish_live(dg_ts_server *s) {
+  pthread_mutex_lock(&s->mu);
+  s->live = s->ncl;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
 static void *server_main(void *arg) {
   dg_ts_server *s = arg;
   struct pollfd *pf = NULL;
@@ -325,6 +337,7 @@ static void *server_main(void *arg) {
     for (int i = s->ncl - 1; i >= 0; i--)
       if (s->cl[i].out.n && flush_out(&s->cl[i]) < 0) drop_client(s, i);
     if (pf[1].revents) accept_clients(s);
+    publish_live(s);
   }
   dg__free(pf);
   return NULL;
@@ -333,6 +346,7 @@ static void *server_main(void *arg) {
 int dg__ts_server_start(dg_ts_server **out, int *port) {
   dg_ts_server *s = dg__calloc(1, sizeof *s);
   if (!s) return DG_ENOMEM;
+  s->wake[0] = s->wake[1] = -1;
   struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)*port),
                             .sin6_addr = in6addr_any};
   struct sockaddr_storage ss;
@@ -346,6 +360,8 @@ int dg__ts_server_start(dg_ts_server **out, int *port) {
     memcpy(&ss, &a4, sizeof a4);
     s->lfd = dg__listen_tcp(&ss, sizeof a4, 1024);
   }
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
   int err = s->lfd < 0 ? -s->lfd : 0;
   if (!err && pipe2(s->wake, O_CLOEXEC) < 0) err = errno;
   if (!err) {
@@ -357,11 +373,30 @@ int dg__ts_server_start(dg_ts_server **out, int *port) {
   }
   if (err) {
     if (s->lfd >= 0) close(s->lfd);
+    if (s->wake[0] >= 0) close(s->wake[0]);
+    if (s->wake[1] >= 0) close(s->wake[1]);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
     dg__free(s);
     return err == EADDRINUSE ? DG_ESTATE : DG_ESYS;
   }
   *out = s;
   return DG_OK;
+}
+
+int dg__ts_server_drain(dg_ts_server *s, int64_t deadline, int quiet_ms) {
+  pthread_mutex_lock(&s->mu);
+  int64_t idle_since = -1; /* when the last client left */
+  for (int64_t now = dg__now_ms(); now < deadline; now = dg__now_ms()) {
+    if (s->live > 0) idle_since = -1;
+    else if (idle_since < 0) idle_since = now;
+    if (idle_since >= 0 && now - idle_since >= quiet_ms) break;
+    int64_t ms = idle_since < 0 ? 100 : idle_since + quiet_ms - now;
+    dg__cond_wait_ms(&s->cv, &s->mu, DG_MIN(deadline - now, ms));
+  }
+  int left = s->live;
+  pthread_mutex_unlock(&s->mu);
+  return left;
 }
 
 void dg__ts_server_stop(dg_ts_server *s) {
@@ -376,5 +411,7 @@ void dg__ts_server_stop(dg_ts_server *s) {
   close(s->lfd);
   close(s->wake[0]);
   close(s->wake[1]);
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->mu);
   dg__free(s);
 }

@@ -127,7 +127,14 @@ DG_API int dg_pg_new(dg_pg **out, const dg_pg_opts *opts, char *err, size_t cap)
  * WORLD_SIZE, MASTER_ADDR, MASTER_PORT (else SLURM_PROCID/SLURM_NTASKS, or
  * OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE); rank 0 hosts the TCPStore.
  * The group owns that store. timeout_ms 0: 300000. The other options come
- * from dg_pg_opts_from_env. */
+ * from dg_pg_opts_from_env. A missing or malformed variable is DG_EINVAL
+ * at once, naming each variable and the value found (`RANK=2 is not below
+ * WORLD_SIZE=2`); a rendezvous that times out (DG_ETIMEDOUT) names the
+ * ranks that never came (`ranks 1, 3 of 4 did not join within 30000 ms`).
+ * Shut-down is safe however early it comes: rank 0 returns only once every
+ * other dgrad rank is done with the store, and its dg_pg_free keeps serving
+ * until every client (torch ranks too) has disconnected, for at most the
+ * timeout. */
 DG_API int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap);
 /* Fills the configuration fields of o that are still zero from the
  * environment: backend (DG_BACKEND), iface (DG_SOCKET_IFNAME, else
@@ -137,7 +144,9 @@ DG_API int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap
 DG_API int dg_pg_opts_from_env(dg_pg_opts *o);
 
 /* Leaves the group: waits for queued work (bounded by the timeout), tells
- * dgrad peers it is leaving, closes connections. NULL: no-op. */
+ * dgrad peers it is leaving, closes connections; the rank hosting the store
+ * of dg_pg_new_from_env then serves it until its clients have disconnected
+ * (bounded by the timeout). NULL: no-op. */
 DG_API void dg_pg_free(dg_pg *pg);
 
 DG_API int dg_pg_rank(const dg_pg *pg);

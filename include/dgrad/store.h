@@ -56,7 +56,11 @@ DG_API int dg_store_clone(dg_store **out, dg_store *s);
 /* Wraps `base` (not owned; must outlive the prefix store). */
 DG_API int dg_store_new_prefix(dg_store **out, dg_store *base, const char *prefix);
 
-DG_API void dg_store_free(dg_store *s); /* NULL: no-op */
+/* NULL: no-op. A TCP server stops serving at once: free it after its
+ * clients are done (dg_pg_new_from_env's group waits for them). A TCP
+ * client that has reached its server once does not retry a refused
+ * connection later: the server has left. */
+DG_API void dg_store_free(dg_store *s);
 
 DG_API int dg_store_set(dg_store *s, const char *key, const void *val, size_t len);
 /* Waits for the key up to the deadline, then returns a copy in *val (free
