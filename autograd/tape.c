@@ -192,15 +192,7 @@ static dg_tensor *grad_tensor_new(dg_ctx *ctx, const dg_tensor *t) {
     dg__set_error(ctx, DG_ENOMEM, "backward: out of memory for a gradient header");
     return NULL;
   }
-  memset(g, 0, sizeof *g);
-  g->data = d;
-  g->ndim = t->ndim;
-  for (int i = 0; i < t->ndim; i++) g->shape[i] = t->shape[i];
-  dg__set_contig_strides(g);
-  g->dtype = DG_F32;
-  g->flags = DG_TF_ARENA;
-  g->param_id = -1;
-  return g;
+  return dg__tensor_init(g, d, DG_CPU, DG_F32, t->ndim, t->shape, DG_TF_ARENA);
 }
 
 float *dg__grad_buf_w(dg_ctx *ctx, dg_tensor *t, int *overwrite) {

@@ -240,6 +240,10 @@ static inline void dg__settle(const dg_tensor *t) {
 
 /* ---- tensor helpers ---- */
 
+/* Fills header t (zeroed first): contiguous over data on device, not a
+ * parameter, no gradient. Returns t. */
+dg_tensor *dg__tensor_init(dg_tensor *t, void *data, int device, dg_dtype dt, int ndim,
+                           const int64_t *shape, uint32_t flags);
 /* New contiguous arena tensor (uninitialised). Records ENOMEM naming `op`. */
 dg_tensor *dg__new(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const int64_t *shape);
 /* New arena tensor with x's shape, f32. */
@@ -264,6 +268,12 @@ int64_t dg__shape_numel(int ndim, const int64_t *shape, size_t es);
 int dg__shape_error(int ndim, const int64_t *shape, dg_dtype dt, char *msg, size_t cap);
 /* Contiguous f32 data of x: x->data itself, or a packed arena copy. */
 const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x);
+/* Indices of i32/i64 tensor t (any strides) as a contiguous int64 copy on
+ * the op's device, each checked to lie in [0, limit): otherwise NULL and
+ * "op: <what> V <where> K is outside [0, limit)" (what: "index", "target";
+ * where: "at position", "in row"). */
+int64_t *dg__index_data(dg_ctx *ctx, const char *op, const char *what, const char *where,
+                        dg_tensor *t, int64_t limit);
 /* `bytes` of step memory on `device` (ctx->arena for the CPU, else that
  * device's arena, made on first use); NULL when out of memory. */
 void *dg__arena_data(dg_ctx *ctx, int device, size_t bytes);

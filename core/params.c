@@ -88,13 +88,9 @@ static int grow_flat(dg_params *ps, size_t total) {
 }
 
 static dg_tensor *param_header(dg_params *ps, int ndim, const int64_t *shape, int id) {
-  dg_tensor *t = dg__calloc(1, sizeof *t);
+  dg_tensor *t = dg__malloc(sizeof *t);
   if (!t) return NULL;
-  t->ndim = ndim;
-  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-  dg__set_contig_strides(t);
-  t->dtype = DG_F32;
-  t->flags = DG_TF_PARAM | DG_TF_REQUIRES_GRAD;
+  dg__tensor_init(t, NULL, DG_CPU, DG_F32, ndim, shape, DG_TF_PARAM | DG_TF_REQUIRES_GRAD);
   t->params = ps;
   t->param_id = id;
   return t;

@@ -89,9 +89,8 @@ static int check_shape(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const
   return rc ? dg__set_error(ctx, rc, "%s: %s", op, msg) : DG_OK;
 }
 
-/* A contiguous tensor header (in the host arena, t) over data on device. */
-static dg_tensor *arena_header(dg_tensor *t, void *data, int device, dg_dtype dt, int ndim,
-                               const int64_t *shape) {
+dg_tensor *dg__tensor_init(dg_tensor *t, void *data, int device, dg_dtype dt, int ndim,
+                           const int64_t *shape, uint32_t flags) {
   memset(t, 0, sizeof *t);
   t->data = data;
   t->ndim = ndim;
@@ -99,9 +98,15 @@ static dg_tensor *arena_header(dg_tensor *t, void *data, int device, dg_dtype dt
   dg__set_contig_strides(t);
   t->dtype = dt;
   t->device = device;
-  t->flags = DG_TF_ARENA;
+  t->flags = flags;
   t->param_id = -1;
   return t;
+}
+
+/* A contiguous tensor header (in the host arena, t) over data on device. */
+static dg_tensor *arena_header(dg_tensor *t, void *data, int device, dg_dtype dt, int ndim,
+                               const int64_t *shape) {
+  return dg__tensor_init(t, data, device, dt, ndim, shape, DG_TF_ARENA);
 }
 
 dg_tensor *dg__new(dg_ctx *ctx, const char *op, dg_dtype dt, int ndim, const int64_t *shape) {
@@ -158,6 +163,26 @@ const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x) {
   if (!c) return NULL;
   copy_elems(c, x);
   return c->data;
+}
+
+int64_t *dg__index_data(dg_ctx *ctx, const char *op, const char *what, const char *where,
+                        dg_tensor *t, int64_t limit) {
+  int64_t n = dg__numel(t);
+  int64_t *out = dg__op_data(ctx, (size_t)(n ? n : 1) * sizeof *out);
+  if (!out) {
+    dg__set_error(ctx, DG_ENOMEM, "%s: out of memory for %lld %ss", op, (long long)n, what);
+    return NULL;
+  }
+  dg__mem_copy_args a = {out, t->data, DG_I64, t->dtype, t->ndim, t->shape, NULL,
+                         dg__is_contig(t) ? NULL : t->stride};
+  dg__be_of(t)->mem->copy(&a);
+  for (int64_t k = 0; k < n; k++) /* the check reads host memory: CPU tensors for now */
+    if (out[k] < 0 || out[k] >= limit) {
+      dg__set_error(ctx, DG_EINVAL, "%s: %s %lld %s %lld is outside [0, %lld)", op, what,
+                    (long long)out[k], where, (long long)k, (long long)limit);
+      return NULL;
+    }
+  return out;
 }
 
 /* ---- public constructors (arena) ---- */
@@ -284,15 +309,10 @@ dg_tensor *dg_to_dtype(dg_ctx *ctx, dg_tensor *t, dg_dtype dt) {
 
 static int persistent_new(dg_tensor **out, dg_storage *st, void *data, dg_dtype dt,
                           int ndim, const int64_t *shape) {
-  dg_tensor *t = dg__calloc(1, sizeof *t);
+  dg_tensor *t = dg__malloc(sizeof *t);
   if (!t) return DG_ENOMEM;
-  t->data = data;
-  t->ndim = ndim;
-  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-  dg__set_contig_strides(t);
-  t->dtype = dt;
+  dg__tensor_init(t, data, st->device, dt, ndim, shape, 0);
   t->storage = st;
-  t->param_id = -1;
   st->refcount++;
   *out = t;
   return DG_OK;

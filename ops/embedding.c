@@ -16,28 +16,6 @@ static int emb_backward(dg_ctx *ctx, dg_node *n) {
   return DG_OK;
 }
 
-/* Reads idx (any shape and strides, i32/i64) into out (K) and checks every
- * index is in [0, V). */
-static int load_checked(dg_ctx *ctx, dg_tensor *t, int64_t V, int64_t *out) {
-  int64_t n = dg__numel(t), pos[DG_MAX_DIMS] = {0};
-  for (int64_t k = 0; k < n; k++) {
-    int64_t off = 0;
-    for (int i = 0; i < t->ndim; i++) off += pos[i] * t->stride[i];
-    int64_t v = t->dtype == DG_I32 ? ((const int32_t *)t->data)[off]
-                                   : ((const int64_t *)t->data)[off];
-    if (v < 0 || v >= V)
-      return dg__set_error(ctx, DG_EINVAL,
-                           "embedding: index %lld at position %lld is outside [0, %lld)",
-                           (long long)v, (long long)k, (long long)V);
-    out[k] = v;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-      if (++pos[i] < t->shape[i]) break;
-      pos[i] = 0;
-    }
-  }
-  return DG_OK;
-}
-
 static int emb_check(dg_ctx *ctx, dg_tensor *weight, dg_tensor *idx) {
   char sw[96], si[96];
   if (!dg__check_f32(ctx, "embedding", "weight", weight)) return ctx->err;
@@ -63,9 +41,9 @@ dg_tensor *dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *idx) {
   for (int i = 0; i < idx->ndim; i++) shape[i] = idx->shape[i];
   shape[idx->ndim] = D;
   dg_tensor *y = dg__new(ctx, "embedding", DG_F32, idx->ndim + 1, shape);
-  int64_t *ix = y ? dg__op_data(ctx, (size_t)K * sizeof *ix) : NULL; /* (K) */
-  if (y && !ix) dg__set_error(ctx, DG_ENOMEM, "embedding: out of memory for %lld indices", (long long)K);
-  if (!ix || load_checked(ctx, idx, V, ix)) return NULL;
+  int64_t *ix = y ? dg__index_data(ctx, "embedding", "index", "at position", idx, V)
+                  : NULL; /* (K) */
+  if (!ix) return NULL;
   const float *w = dg__contig_data(ctx, "embedding", weight); /* (V, D) */
   if (!w) return NULL;
   dg__emb_args a = {w, NULL, ix, y->data, NULL, K, D}; /* y (K, D) */

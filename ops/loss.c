@@ -10,27 +10,6 @@
 #include "backends/kern_loss.h"
 #include "core/core_impl.h"
 
-/* Integer tensor t (any shape, any strides, i32/i64) as a contiguous int64
- * arena array. */
-static int64_t *load_index(dg_ctx *ctx, const char *op, dg_tensor *t) {
-  int64_t n = dg__numel(t), idx[DG_MAX_DIMS] = {0};
-  int64_t *out = dg__op_data(ctx, (size_t)n * sizeof *out);
-  if (!out) {
-    dg__set_error(ctx, DG_ENOMEM, "%s: out of memory for %lld targets", op, (long long)n);
-    return NULL;
-  }
-  for (int64_t k = 0; k < n; k++) {
-    int64_t off = 0;
-    for (int i = 0; i < t->ndim; i++) off += idx[i] * t->stride[i];
-    out[k] = t->dtype == DG_I32 ? ((const int32_t *)t->data)[off] : ((const int64_t *)t->data)[off];
-    for (int i = t->ndim - 1; i >= 0; i--) {
-      if (++idx[i] < t->shape[i]) break;
-      idx[i] = 0;
-    }
-  }
-  return out;
-}
-
 /* ---- cross-entropy ---- */
 
 typedef struct {
@@ -78,16 +57,11 @@ dg_tensor *dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets) 
   int64_t C = logits->shape[logits->ndim - 1], N = dg__numel(targets);
   dg_tensor *loss = dg__new(ctx, "cross_entropy", DG_F32, 0, NULL);
   const float *x = loss ? dg__contig_data(ctx, "cross_entropy", logits) : NULL; /* (N, C) */
-  int64_t *t = x ? load_index(ctx, "cross_entropy", targets) : NULL;            /* (N) */
+  int64_t *t = x ? dg__index_data(ctx, "cross_entropy", "target", "in row", targets, C)
+                 : NULL; /* (N) */
   float *st = t ? dg__op_data(ctx, 2 * (size_t)N * sizeof *st) : NULL; /* (2, N) */
   if (t && !st) dg__set_error(ctx, DG_ENOMEM, "cross_entropy: out of memory");
   if (!st) return NULL;
-  for (int64_t r = 0; r < N; r++)
-    if (t[r] < 0 || t[r] >= C) {
-      dg__set_error(ctx, DG_EINVAL, "cross_entropy: target %lld in row %lld is outside [0, %lld)",
-                    (long long)t[r], (long long)r, (long long)C);
-      return NULL;
-    }
   dg__ce_args a = {x, NULL, t, st, st + N, loss->data, NULL, N, C, 0};
   be->loss->ce_fwd(&a);
   if (dg__needs_grad(ctx, 1, &logits)) {

@@ -46,10 +46,13 @@ static void store_elem(void *base, dg_dtype dt, int64_t off, double v) {
  * division per element). */
 static void copy_elems(const dg__mem_copy_args *a, int64_t n) {
   const int nd = a->ndim;
+  const size_t es = dg_dtype_size(a->sdt);
+  const int same = a->ddt == a->sdt; /* bytes as they are: exact for i64 beyond 2^53 */
   int64_t idx[DG__MEM_MAX_DIMS] = {0}, so = 0, dof = 0;
   for (int64_t k = 0; k < n; k++) {
-    store_elem(a->dst, a->ddt, a->dstride ? dof : k,
-               load_elem(a->src, a->sdt, a->sstride ? so : k));
+    const int64_t d = a->dstride ? dof : k, s = a->sstride ? so : k;
+    if (same) memcpy((char *)a->dst + d * (int64_t)es, (const char *)a->src + s * (int64_t)es, es);
+    else store_elem(a->dst, a->ddt, d, load_elem(a->src, a->sdt, s));
     for (int i = nd - 1; i >= 0; i--) {
       if (a->sstride) so += a->sstride[i];
       if (a->dstride) dof += a->dstride[i];
