@@ -412,6 +412,21 @@ static int walk(dg_ctx *ctx) {
   return DG_OK;
 }
 
+/* An arena tensor handed to backward must be live in this context: its
+ * header and its node in the part of the arena used since the last reset
+ * (checked before either is read: a stale header's bytes may belong to
+ * another tensor by now), and the node on the tape or consumed by an
+ * earlier backward of this step. */
+static int from_this_step(const dg_ctx *ctx, const dg_tensor *t) {
+  int live = dg__arena_live(&ctx->arena, t);
+  if (live < 0) return 0;
+  if (!live) return !(t->flags & DG_TF_ARENA) && !t->node; /* a persistent leaf */
+  const dg_node *n = t->node;
+  if (!n) return 1;
+  if (dg__arena_live(&ctx->arena, n) != 1) return 0;
+  return n->consumed || (n->index >= 0 && n->index < ctx->ntape && ctx->tape[n->index] == n);
+}
+
 int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
   if (!ctx) return DG_EINVAL;
   if (!out) return dg__set_error(ctx, DG_EINVAL, "backward: output is NULL");
@@ -423,6 +438,10 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
     return dg__set_error(ctx, DG_EINVAL,
                          "backward: the output does not require grad (no parameter or "
                          "grad-requiring input reaches it, or grad mode was off)");
+  if (!from_this_step(ctx, out))
+    return dg__set_error(ctx, DG_ESTATE,
+                         "backward: the output is not a tensor of this context's current step "
+                         "(made before the last dg_ctx_reset, or by another context)");
   if (out->node && out->node->consumed)
     return dg__set_error(ctx, DG_ESTATE,
                          "backward: the tape that produced this output was already consumed by "
@@ -461,6 +480,7 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
   ctx->nstores = 0;
   for (int i = 0; i < ctx->ntape; i++) ctx->tape[i]->consumed = 1;
   ctx->ntape = 0;
+  dg__ctx_backward_done(ctx);
   if (rc && !ctx->err) dg__set_error(ctx, rc, "backward: a backward-end hook failed (%s)",
                                      dg_strerror(rc));
   return rc;

@@ -57,6 +57,7 @@ void *dg__arena_alloc(dg_arena *a, size_t n) {
   if (!c) {
     size_t cap = a->reserved ? a->reserved : ((size_t)1 << 20);
     if (cap < n) cap = n;
+    if (a->owner && dg__ctx_arena_grow(a->owner, a, n, &cap)) return NULL;
     c = chunk_new(a->device, cap);
     if (!c) return NULL;
     /* append at the end of the list */
@@ -77,6 +78,13 @@ void *dg__arena_alloc(dg_arena *a, size_t n) {
   return p;
 }
 
+int dg__arena_live(const dg_arena *a, const void *p) {
+  for (const dg_arena_chunk *c = a->head; c; c = c->next)
+    if ((const char *)p >= c->mem && (const char *)p < c->mem + c->cap)
+      return (const char *)p < c->mem + c->used ? 1 : -1;
+  return 0;
+}
+
 static void free_chunks(dg_arena *a, int release) {
   dg_arena_chunk *c = a->head;
   while (c) {
@@ -93,6 +101,8 @@ void dg__arena_reset(dg_arena *a) {
      * bytes in use, plus slack for steps that vary a little) */
     size_t want = a->used + a->used / 8 + ((size_t)1 << 20);
     want = (want + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+    size_t limit = a->owner ? a->owner->arena_limit : 0;
+    if (limit && want > limit) want = limit > a->used ? limit : a->used;
     dg_arena_chunk *one = chunk_new(a->device, want);
     if (one) {
       free_chunks(a, 1);

@@ -66,9 +66,20 @@ typedef struct {
   int device; /* where the chunks' bytes live */
   dg_arena_chunk *head, *cur;
   size_t used, peak, reserved;
+  struct dg_ctx *owner; /* a context's arena: its growth is watched (NULL: not) */
+  size_t step_max; /* the most a step used (at a reset, or a first backward) */
 } dg_arena;
 
 void *dg__arena_alloc(dg_arena *a, size_t n);
+/* 1 when p lies in the part of a's chunks handed out since the last reset,
+ * -1 in the rest of a chunk (handed out before it), 0 outside a's chunks. */
+int dg__arena_live(const dg_arena *a, const void *p);
+/* The owner's say before its arena a takes a new chunk of *cap bytes for a
+ * block of n: the context's arena_limit may shrink *cap or refuse (returns
+ * nonzero, error recorded), and growth without dg_ctx_reset is warned of. */
+int dg__ctx_arena_grow(struct dg_ctx *ctx, dg_arena *a, size_t n, size_t *cap);
+/* A backward ended on ctx: the first since a reset marks the step's size. */
+void dg__ctx_backward_done(struct dg_ctx *ctx);
 void dg__arena_reset(dg_arena *a);
 void dg__arena_free(dg_arena *a);
 
@@ -146,6 +157,11 @@ struct dg_ctx {
   void *pack_user;
   int pack_id;
   int in_backward;
+  /* Growth watch (forgotten dg_ctx_reset; each arena's step_max): backwards
+   * since the last reset, whether the one warning was given, and the
+   * options' arena_limit (0: none). */
+  size_t arena_limit;
+  int backwards_since_reset, grow_warned;
   /* Backward gradient buffers of intermediates are dead once their node has
    * run: they go on free lists by exact byte size and are reused within the
    * step, so backward needs a few buffers instead of one per activation. */
@@ -183,6 +199,10 @@ struct dg_params {
   dg__writer_fn writer;
   void *writer_user;
   int update_owned;   /* the writer applies the optimizer step (no global clipping) */
+  /* Why an optimizer step must wait ("" when it need not): set by DDP while
+   * the gradients are one rank's partial sum inside an accumulation window,
+   * cleared by the synchronising backward, zero_grad and dg_ddp_free. */
+  char step_block[200];
   char errmsg[256];   /* the last failure of a call on the store */
 };
 
@@ -232,6 +252,9 @@ void dg__params_set_writer(dg_params *ps, dg__writer_fn fn, void *user);
 int dg__params_has_writer(const dg_params *ps, const void *user);
 /* Marks parameter i of ps as having (on) or not having a pending update. */
 void dg__param_set_pending(dg_params *ps, int i, int on);
+/* Sets (why non-NULL, formatted) or clears ps->step_block. */
+void dg__params_block_step(dg_params *ps, const char *why, ...)
+    __attribute__((format(printf, 2, 3)));
 /* The pending writer applies the optimizer step (global clipping refused). */
 void dg__params_set_update_owned(dg_params *ps, int on);
 static inline void dg__settle(const dg_tensor *t) {

@@ -1,4 +1,5 @@
 /* Contexts: step arena, error slot, grad/train mode, RNG stream. */
+#include <stdio.h>
 #include <string.h>
 
 #include "core/core_impl.h"
@@ -21,6 +22,8 @@ int dg_ctx_new(dg_ctx **out, const dg_ctx_opts *opts) {
   c->arena.reserved = first;
   dg__arena_reset(&c->arena);
   c->arena.peak = 0;
+  c->arena.owner = c;
+  c->arena_limit = opts ? opts->arena_limit : 0;
   *out = c;
   return DG_OK;
 }
@@ -43,8 +46,23 @@ void dg_ctx_free(dg_ctx *ctx) {
   dg__free(ctx);
 }
 
+static void arena_step_end(dg_arena *a) {
+  if (a->used > a->step_max) a->step_max = a->used;
+}
+
+void dg__ctx_backward_done(dg_ctx *ctx) {
+  if (ctx->backwards_since_reset++) return; /* later ones may be the leak */
+  arena_step_end(&ctx->arena);
+  for (int d = 0; d < DG__MAX_DEVICES; d++)
+    if (ctx->dev_arena[d]) arena_step_end(ctx->dev_arena[d]);
+}
+
 void dg_ctx_reset(dg_ctx *ctx) {
   if (!ctx) return;
+  arena_step_end(&ctx->arena);
+  for (int d = 0; d < DG__MAX_DEVICES; d++)
+    if (ctx->dev_arena[d]) arena_step_end(ctx->dev_arena[d]);
+  ctx->backwards_since_reset = 0;
   ctx->ntape = 0;
   ctx->nstores = 0; /* the tape's per-store state goes with it */
   memset(ctx->gpool, 0, sizeof ctx->gpool); /* its blocks were arena memory */
@@ -139,9 +157,56 @@ void *dg__arena_data(dg_ctx *ctx, int device, size_t bytes) {
   if (!a) {
     if (!(a = dg__calloc(1, sizeof *a))) return NULL;
     a->device = device;
+    a->owner = ctx;
     ctx->dev_arena[device] = a;
   }
   return dg__arena_alloc(a, bytes);
+}
+
+/* ---- growth watch ---- */
+
+#define MIB(x) ((double)(x) / (1 << 20))
+
+/* What most likely holds the memory, for the warning and the limit error. */
+static const char *grow_cause(const dg_ctx *ctx, char *buf, size_t cap) {
+  if (ctx->backwards_since_reset > 1)
+    snprintf(buf, cap, "%d backwards since the last dg_ctx_reset: call dg_ctx_reset(ctx) once "
+             "per step, after the optimizer step", ctx->backwards_since_reset);
+  else if (ctx->ntape > 0 && ctx->grad_enabled)
+    snprintf(buf, cap, "the tape holds %d nodes of forwards with no backward: evaluate with "
+             "grad off (dg_ctx_set_grad_enabled(ctx, 0)) and dg_ctx_reset(ctx) after each batch",
+             ctx->ntape);
+  else
+    snprintf(buf, cap, "no dg_ctx_reset since the step that used the most: call dg_ctx_reset(ctx) "
+             "once per step or batch");
+  return buf;
+}
+
+int dg__ctx_arena_grow(dg_ctx *ctx, dg_arena *a, size_t n, size_t *cap) {
+  char why[256];
+  if (ctx->arena_limit && a->reserved + *cap > ctx->arena_limit) {
+    if (a->reserved + n > ctx->arena_limit) {
+      char dev[24];
+      dg__set_error(ctx, DG_ENOMEM, "arena limit of %.1f MiB on %s reached (%.1f MiB in use, "
+                    "%.1f MiB more asked for): %s", MIB(ctx->arena_limit),
+                    dg__device_name(a->device, dev, sizeof dev), MIB(a->used), MIB(n),
+                    grow_cause(ctx, why, sizeof why));
+      return DG_ENOMEM;
+    }
+    *cap = ctx->arena_limit - a->reserved; /* the last chunk fits under the limit */
+  }
+  /* 4x, and 16 MiB of slack so small models that vary a little stay quiet */
+  size_t step = a->step_max, bound = 4 * step;
+  if (bound < step + ((size_t)16 << 20)) bound = step + ((size_t)16 << 20);
+  size_t after = a->reserved + *cap; /* chunks double: judge what it will hold */
+  if (!ctx->grow_warned && step && after > bound) {
+    ctx->grow_warned = 1;
+    DG_LOGW("step arena grows to %.1f MiB (%.1f MiB in use), %.1fx the largest step seen "
+            "(%.1f MiB), with no dg_ctx_reset: %s (warned once per context)", MIB(after),
+            MIB(a->used), (double)after / (double)step, MIB(step),
+            grow_cause(ctx, why, sizeof why));
+  }
+  return DG_OK;
 }
 
 /* ---- RNG stream ---- */

@@ -268,6 +268,16 @@ void dg_params_zero_grad(dg_params *ps) {
   if (!ps) return;
   (void)dg__params_flush(ps, DG__SETTLE_ALL); /* a pending update reads them */
   for (int i = 0; i < ps->n; i++) ps->t[i]->flags |= DG_TF_GRAD_STALE;
+  ps->step_block[0] = '\0'; /* the partial sums are gone with the gradients */
+}
+
+void dg__params_block_step(dg_params *ps, const char *why, ...) {
+  ps->step_block[0] = '\0';
+  if (!why) return;
+  va_list ap;
+  va_start(ap, why);
+  dg__vfmt(ps->step_block, sizeof ps->step_block, why, ap);
+  va_end(ap);
 }
 
 void dg_params_set_trainable(dg_params *ps, int i, int on) {

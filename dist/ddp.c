@@ -136,8 +136,16 @@ static int on_end(void *user, dg_ctx *ctx) {
   d->last_synced = 0;
   if (!d->syncing) {
     d->st.local_steps++;
+    /* a step now would apply this rank's partial sum alone: ranks drift.
+     * A manual no-sync scope is the user's own (local SGD, say). */
+    if (d->sync_on)
+      dg__params_block_step(d->ps, "the gradients are rank %d's local sum of %d of %d "
+                            "micro-batches (DDP accum_steps %d): a step now would make the "
+                            "ranks drift apart; step when dg_ddp_step_ready(ddp) is 1", d->rank,
+                            d->micro, d->opts.accum_steps, d->opts.accum_steps);
     return DG_OK;
   }
+  dg__params_block_step(d->ps, NULL);
   d->syncing = 0;
   double t0 = dg__ddp_now();
   int K = d->opts.accum_steps > 1 ? d->opts.accum_steps : 1;
@@ -254,6 +262,7 @@ void dg_ddp_free(dg_ddp *d) {
     own(d, d->opt, 0);
     dg__params_set_update_owned(d->ps, 0);
   }
+  dg__params_block_step(d->ps, NULL);
   if (d->ready_id > 0) dg_ctx_remove_hook(d->ctx, d->ready_id);
   if (d->end_id > 0) dg_ctx_remove_hook(d->ctx, d->end_id);
   if (d->attached) dg_ctx_detach_params(d->ctx, d->ps);

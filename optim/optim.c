@@ -93,6 +93,8 @@ int dg_optim_step(dg_optim *o) {
   if (o->ddp_owned)
     return dg__optim_fail(o, DG_ESTATE, "optim_step(%s): this optimizer is stepped by its DDP "
                           "(dg_ddp_overlap_optimizer); dg_ddp_step_ready is 0 for it", o->name);
+  if (o->ps->step_block[0])
+    return dg__optim_fail(o, DG_ESTATE, "optim_step(%s): %s", o->name, o->ps->step_block);
   size_t n;
   float *w = dg_params_data(o->ps, &n);
   const float *g = dg_params_grad(o->ps, NULL);

@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # Installs what dgrad needs on Debian 12 (run as root). Idempotent: skips apt
 # when everything is already there.
+#   setup.sh           the main job: compiler, meson, OpenBLAS, zlib and the
+#                      Fashion-MNIST package (scripts/train.sh)
+#   setup.sh --tests   also what the test suites need: UCX, libgloo, torch
+#                      (reference checks and interop peers), fortunes,
+#                      iproute2/procps, doxygen (scripts/test.sh)
 set -euo pipefail
-pkgs=(gcc g++ pkg-config meson ninja-build libopenblas-dev zlib1g-dev
-      libucx-dev ucx-utils libgloo-dev python3 python3-torch
-      dataset-fashion-mnist fortunes iproute2 procps)
+pkgs=(gcc pkg-config meson ninja-build libopenblas-dev zlib1g-dev dataset-fashion-mnist)
+case "${1:-}" in
+  "") ;;
+  --tests) pkgs+=(g++ libucx-dev ucx-utils libgloo-dev python3 python3-torch fortunes
+                  iproute2 procps doxygen) ;;
+  *) echo "usage: setup.sh [--tests]" >&2; exit 2 ;;
+esac
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

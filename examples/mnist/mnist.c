@@ -196,7 +196,7 @@ static int trainer_init(trainer *t) {
   int rc = dist_setup(t);
   if (!rc) rc = open_data(t);
   if (rc) return rc;
-  dg_ctx_opts co = {64u << 20, t->o.seed};
+  dg_ctx_opts co = {.arena_bytes = 64u << 20, .seed = t->o.seed};
   if ((rc = dg_ctx_new(&t->ctx, &co)) || (rc = dg_params_new(&t->ps)) ||
       (rc = build_model(t->o.model, &t->net)) ||
       (rc = dg_module_bind(t->net, t->ps, "layers", t->o.seed)) ||

@@ -259,7 +259,7 @@ static int setup(run_state *r, const opts *o) {
   gpt_config cfg = {dg_text_vocab_size(r->text), (int)o->layers, (int)o->heads, (int)o->dim,
                     T, o->tie};
   rc = rc ? rc : gpt_new(&r->m, &cfg, o->seed);
-  dg_ctx_opts co = {0, o->seed};
+  dg_ctx_opts co = {.seed = o->seed};
   rc = rc ? rc : dg_ctx_new(&r->ctx, &co);
   if (!rc) {
     dg_adamw_opts ao = dg_adamw_defaults();

@@ -39,12 +39,25 @@ typedef struct dg_params dg_params;
 typedef struct {
   size_t arena_bytes; /* initial step-arena size; 0: 1 MiB (it grows) */
   uint64_t seed;      /* RNG seed; 0 means 0x5eed */
+  /* Most bytes one arena of the context (one per device) may reserve; 0: no
+   * limit. Past it an op fails with DG_ENOMEM and a message saying the limit
+   * was reached and how much is held since the last dg_ctx_reset. */
+  size_t arena_limit;
 } dg_ctx_opts;
 
 DG_API int dg_ctx_new(dg_ctx **out, const dg_ctx_opts *opts /* NULL: defaults */);
 DG_API void dg_ctx_free(dg_ctx *ctx);
 /* Releases every arena tensor and the tape. Keeps the arena's memory, so a
- * steady-state training step allocates nothing from the heap. */
+ * steady-state training step allocates nothing from the heap. Call it once
+ * per step: without it every step's tensors and tape stay. A context whose
+ * arena grows to more than 4x the largest step seen (and at least 16 MiB
+ * more) with no reset in between logs one warning naming the likely cause;
+ * a step is what ran between two resets, or up to the first backward when
+ * none came yet. dg_ctx_opts.arena_limit turns growth into an error.
+ * A backward on a tensor of an earlier step (or of another context) is
+ * refused with DG_ESTATE while its bytes have not been handed out again;
+ * after that its address may be a new tensor's, so do not keep tensors
+ * across a reset. */
 DG_API void dg_ctx_reset(dg_ctx *ctx);
 DG_API const char *dg_ctx_errmsg(const dg_ctx *ctx); /* "" when no error */
 DG_API int dg_ctx_errcode(const dg_ctx *ctx);        /* last error code, DG_OK if none */

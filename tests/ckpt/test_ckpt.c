@@ -45,7 +45,7 @@ static void rig_new(rig *r, int64_t hidden, uint64_t seed, const dg_dataset *ds)
   REQUIRE(dg_params_new(&r->ps) == DG_OK);
   r->m = ck_mlp(r->ps, hidden, seed);
   REQUIRE(dg_optim_new_adamw(&r->o, r->ps, NULL, NULL, 0) == DG_OK);
-  dg_ctx_opts co = {0, seed};
+  dg_ctx_opts co = {.seed = seed};
   REQUIRE(dg_ctx_new(&r->ctx, &co) == DG_OK);
   dg_loader_opts lo = {10, 1, 99, 0, 0, 1, 0};
   REQUIRE(dg_loader_new(&r->l, ds, &lo, NULL, 0) == DG_OK);
