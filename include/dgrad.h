@@ -11,6 +11,7 @@
 #include "dgrad/optim.h"
 #include "dgrad/data.h"
 #include "dgrad/ddp.h"
+#include "dgrad/pipe.h"
 #include "dgrad/checkpoint.h"
 
 #endif

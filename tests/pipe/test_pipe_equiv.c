@@ -1,0 +1,148 @@
+/* The pipe trains the same model as one process (issue #13 item 9, first
+ * part): K ranks, one stage each, GPipe and 1F1B, M = 1, 2, 3, 8 (M < K
+ * included). Each rank also trains the whole model on one process (a
+ * store of its own) and compares, after every step, the mean loss and
+ * every parameter of its stage (relative 1e-5: the micro-batch sums are
+ * added in another order). Ranks that disagree on M fail in dg_pipe_new
+ * naming both.
+ *   test_pipe_equiv W */
+#include "dgrad/pipe.h"
+#include "tests/ddp/ddp_util.h"
+
+#define B 24
+#define IN 8
+#define HID 16
+#define NCLS 4
+#define STEPS 3
+
+typedef struct {
+  int M, kind;
+} cfg;
+
+static dg_module *model(void) {
+  dg_module *seq, *l;
+  REQUIRE(dg_nn_sequential(&seq) == DG_OK);
+  REQUIRE(dg_nn_linear(&l, IN, HID, 1) == DG_OK && dg_sequential_add(seq, l, NULL) == DG_OK);
+  REQUIRE(dg_nn_tanh(&l) == DG_OK && dg_sequential_add(seq, l, NULL) == DG_OK);
+  REQUIRE(dg_nn_linear(&l, HID, HID, 1) == DG_OK && dg_sequential_add(seq, l, NULL) == DG_OK);
+  REQUIRE(dg_nn_tanh(&l) == DG_OK && dg_sequential_add(seq, l, NULL) == DG_OK);
+  REQUIRE(dg_nn_linear(&l, HID, NCLS, 1) == DG_OK && dg_sequential_add(seq, l, NULL) == DG_OK);
+  return seq;
+}
+
+static dg_tensor *ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) {
+  (void)user;
+  return dg_cross_entropy(ctx, out, t);
+}
+
+static void batch(int step, float *x, int64_t *y) {
+  dg_rng_normal(99, (uint64_t)step * B * IN, x, B * IN);
+  for (int i = 0; i < B; i++) y[i] = (i * 3 + step) % NCLS;
+}
+
+static int rank_main(int r, int W, void *arg) {
+  const cfg *c = arg;
+  dg_store *st;
+  dg_pg *pg;
+  if (du_pg(r, W, &st, &pg)) return 2;
+  dg_params *ps, *ref;
+  dg_ctx *ctx;
+  dg_pipe *pipe;
+  char err[512];
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_params_new(&ref) == DG_OK);
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = c->M;
+  po.schedule = (dg_pipe_schedule)c->kind;
+  int rc = dg_pipe_new(&pipe, pg, model(), ps, 5, &po, err, sizeof err);
+  if (rc) fprintf(stderr, "rank %d: %s\n", r, err);
+  REQUIRE(rc == DG_OK);
+  dg_module *whole = model();
+  REQUIRE(dg_module_bind(whole, ref, "", 5) == DG_OK);
+  dg_sgd_opts so = dg_sgd_defaults();
+  so.lr = 0.5f;
+  so.momentum = 0.9f;
+  dg_optim *opt, *oref;
+  REQUIRE(dg_optim_new_sgd(&opt, ps, &so, NULL, 0) == DG_OK);
+  REQUIRE(dg_optim_new_sgd(&oref, ref, &so, NULL, 0) == DG_OK);
+  float x[B * IN];
+  int64_t y[B];
+  for (int s = 0; s < STEPS; s++) {
+    batch(s, x, y);
+    dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+    dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+    float loss;
+    rc = dg_pipe_step(pipe, xt, yt, ce, NULL, &loss);
+    if (rc) fprintf(stderr, "rank %d: %s\n", r, dg_pipe_errmsg(pipe));
+    REQUIRE(rc == DG_OK);
+    CHECK_OK(dg_optim_step(opt));
+    dg_params_zero_grad(ps);
+    dg_tensor *lr = dg_cross_entropy(ctx, dg_module_forward(whole, ctx, xt), yt);
+    REQUIRE(lr && dg_backward(ctx, lr) == DG_OK);
+    CHECK_NEAR(loss, dg_tensor_item(lr), 1e-5 * fabs(dg_tensor_item(lr)) + 1e-7);
+    CHECK_OK(dg_optim_step(oref));
+    dg_params_zero_grad(ref);
+    dg_ctx_reset(ctx);
+    /* every parameter of this stage against the whole model's */
+    double rel = 0;
+    for (int i = 0; i < dg_params_count(ps); i++) {
+      dg_tensor *a = dg_params_get(ps, i), *b = dg_params_find(ref, dg_tensor_name(a));
+      REQUIRE(b && dg_tensor_numel(a) == dg_tensor_numel(b));
+      const float *pa = dg_tensor_data(a), *pb = dg_tensor_data(b);
+      for (int64_t k = 0; k < dg_tensor_numel(a); k++)
+        rel = fmax(rel, fabs((double)pa[k] - pb[k]) / (fabs((double)pb[k]) + 1e-3));
+    }
+    if (!(rel < 1e-5))
+      fprintf(stderr, "rank %d step %d M=%d %s: parameters differ by %g\n", r, s, c->M,
+              c->kind ? "1f1b" : "gpipe", rel);
+    CHECK(rel < 1e-5);
+  }
+  dg_optim_free(opt);
+  dg_optim_free(oref);
+  dg_pipe_free(pipe);
+  dg_module_free(whole);
+  dg_params_free(ps);
+  dg_params_free(ref);
+  dg_ctx_free(ctx);
+  du_leave(st, pg, W);
+  return dg_test_failures ? 1 : 0;
+}
+
+/* Rank 1 asks for another M: both fail in dg_pipe_new, naming both. */
+static int mismatch_rank(int r, int W, void *arg) {
+  (void)arg;
+  dg_store *st;
+  dg_pg *pg;
+  if (du_pg(r, W, &st, &pg)) return 2;
+  dg_params *ps;
+  dg_pipe *pipe = NULL;
+  char err[512];
+  REQUIRE(dg_params_new(&ps) == DG_OK);
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = r == 1 ? 4 : 2;
+  CHECK_EQ_INT(dg_pipe_new(&pipe, pg, model(), ps, 5, &po, err, sizeof err), DG_EMISMATCH);
+  CHECK_STR_HAS(err, "micro-batches");
+  CHECK(pipe == NULL);
+  int bal[2] = {4, 4}; /* 8 layers for a model of 5 */
+  po.micro_batches = 2;
+  po.balance = bal;
+  CHECK_EQ_INT(dg_pipe_new(&pipe, pg, model(), ps, 5, &po, err, sizeof err), DG_EINVAL);
+  CHECK_STR_HAS(err, "the stages hold 8 layers, the model has 5");
+  dg_params_free(ps);
+  du_leave(st, pg, W);
+  return dg_test_failures ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  int W = argc > 1 ? atoi(argv[1]) : 2;
+  static const int Ms[] = {1, 2, 3, 8};
+  for (int kind = 0; kind < 2; kind++)
+    for (int i = 0; i < 4; i++) {
+      cfg c = {Ms[i], kind};
+      int bad = du_run(W, rank_main, &c, 60, NULL);
+      if (bad) fprintf(stderr, "K=%d M=%d %s: %d rank(s) failed\n", W, c.M, kind ? "1f1b" : "gpipe", bad);
+      CHECK_EQ_INT(bad, 0);
+    }
+  if (W == 2) CHECK_EQ_INT(du_run(2, mismatch_rank, NULL, 60, NULL), 0);
+  return TEST_DONE();
+}
