@@ -82,8 +82,9 @@ typedef struct {
 
 /* TCP transport with the Gloo 2022 wire protocol. On failure *err says why. */
 int dg__tcp_xport_new(dg_xport **out, const dg_xport_opts *o, char *err, size_t cap);
-/* UCX transport (dist/transport/ucx/, built only with UCX): every rank must
- * run dgrad; worker addresses go under "ucx/<r>" in o->store. */
+/* UCX transport (dist/transport/ucx/, built only with UCX's headers; the
+ * first call loads the library, ucx_dl.h): every rank must run dgrad;
+ * worker addresses go under "ucx/<r>" in o->store. */
 int dg__ucx_xport_new(dg_xport **out, const dg_xport_opts *o, char *err, size_t cap);
 
 #endif

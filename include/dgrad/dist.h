@@ -97,7 +97,11 @@ typedef struct {
   int rank;            /* required */
   int world_size;      /* required */
   dg_store *store;     /* rendezvous store (not owned; must outlive the group) */
-  const char *backend; /* "tcp" (NULL: tcp) or "ucx" [DG_BACKEND] */
+  /* "tcp" (NULL: tcp) or "ucx" [DG_BACKEND]. The first UCX group loads
+   * libucp.so.0 (DG_EUNSUPPORTED naming the package when it is missing) with
+   * UCX's signal handlers off unless UCX_HANDLE_ERRORS / UCX_DEBUG_SIGNO
+   * say otherwise; a program that never asks for UCX never maps it. */
+  const char *backend;
   int timeout_ms;      /* per-operation deadline; 0: 300000 (torch's default) */
   /* Interface: the address of `iface` [DG_SOCKET_IFNAME, GLOO_SOCKET_IFNAME],
    * else the local address routing to `route_to`, else 127.0.0.1. */

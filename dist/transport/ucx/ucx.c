@@ -64,7 +64,7 @@ static void fail_pending(dg_ucx_xport *x, int peer, int code) {
     dg_xop *op = r->op;
     unlink_req(x, r);
     r->op = NULL;
-    if (!op->is_send) ucp_request_cancel(x->wk, r);
+    if (!op->is_send) DG_UCX(ucp_request_cancel)(x->wk, r);
     complete(x, op, code);
   }
 }
@@ -125,7 +125,7 @@ void dg__ucx_settle(dg_ucx_xport *x) {
   if (x->suspect < 0 || x->err || dg__now_ms() < x->suspect_until) return;
   int p = x->suspect;
   dg__ucx_xfail(x, DG_EPEER, p, "rank %d: connection lost (process exited or was killed?): "
-                "ucx: %s", p, ucs_status_string(x->suspect_st));
+                "ucx: %s", p, DG_UCX(ucs_status_string)(x->suspect_st));
 }
 
 /* UCX says the endpoint to a peer failed (progress context, lock held). */
@@ -136,7 +136,8 @@ void dg__ucx_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st) {
   dg_ucx_peer *pp = &x->peers[p];
   if (pp->state == DG_UCX_PEER_BYE || pp->state == DG_UCX_PEER_CLOSED || pp->closing) {
     /* It left cleanly: only ops that need it fail from now on. */
-    DG_LOGD("ucx transport rank %d: rank %d left (%s)", x->base.rank, p, ucs_status_string(st));
+    DG_LOGD("ucx transport rank %d: rank %d left (%s)", x->base.rank, p,
+            DG_UCX(ucs_status_string)(st));
     pp->state = DG_UCX_PEER_CLOSED;
     fail_pending(x, p, DG_EPEER);
     fail_orphans(x, p, DG_EPEER);
@@ -166,7 +167,7 @@ static void on_ctl(dg_ucx_xport *x, const ucp_tag_recv_info_t *info) {
 
 static void ctl_cb(void *req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *ud) {
   dg_ucx_xport *x = ud;
-  ucp_request_free(req);
+  DG_UCX(ucp_request_free)(req);
   if (x->ctl_req != req) return;
   x->ctl_req = NULL;
   if (st != UCS_OK) return; /* cancelled (destroy) */
@@ -182,9 +183,9 @@ int dg__ucx_ctl_post(dg_ucx_xport *x) {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FIELD_RECV_INFO,
         .cb.recv = ctl_cb, .user_data = x, .recv_info.tag_info = &info};
-    ucs_status_ptr_t s = ucp_tag_recv_nbx(x->wk, x->ctl_in, sizeof x->ctl_in,
-                                          DG_UCX_KIND_CTL << DG_UCX_KIND_SHIFT,
-                                          DG_UCX_KIND_CTL << DG_UCX_KIND_SHIFT, &p);
+    ucs_status_ptr_t s = DG_UCX(ucp_tag_recv_nbx)(x->wk, x->ctl_in, sizeof x->ctl_in,
+                                                  DG_UCX_KIND_CTL << DG_UCX_KIND_SHIFT,
+                                                  DG_UCX_KIND_CTL << DG_UCX_KIND_SHIFT, &p);
     if (UCS_PTR_IS_ERR(s)) return DG_ESYS;
     if (s != NULL) {
       x->ctl_req = s;
@@ -198,7 +199,7 @@ int dg__ucx_ctl_post(dg_ucx_xport *x) {
 static void free_cb(void *req, ucs_status_t st, void *ud) {
   (void)st;
   (void)ud;
-  ucp_request_free(req);
+  DG_UCX(ucp_request_free)(req);
 }
 
 /* Fire and forget: the request frees itself; msg must outlive it. */
@@ -206,7 +207,8 @@ static void send_ctl(dg_ucx_xport *x, int peer, int64_t *msg) {
   ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK, .cb.send = free_cb};
   uint64_t tag = ((uint64_t)(unsigned)x->base.rank << DG_UCX_SRC_SHIFT) |
                  (DG_UCX_KIND_CTL << DG_UCX_KIND_SHIFT);
-  ucs_status_ptr_t s = ucp_tag_send_nbx(x->peers[peer].ep, msg, 3 * sizeof *msg, tag, &p);
+  ucs_status_ptr_t s =
+      DG_UCX(ucp_tag_send_nbx)(x->peers[peer].ep, msg, 3 * sizeof *msg, tag, &p);
   (void)s;
 }
 
@@ -243,7 +245,7 @@ static void data_cb(dg_ucx_xport *x, dg_ucx_req *r, ucs_status_t st, size_t len)
     r->op = NULL;
     op_done(x, op, st, len);
   }
-  ucp_request_free(r);
+  DG_UCX(ucp_request_free)(r);
 }
 
 static void send_cb(void *req, ucs_status_t st, void *ud) {
@@ -303,8 +305,9 @@ static int ucx_send(dg_xport *xp, dg_xop *op) {
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.send = send_cb, .user_data = x};
-    ucs_status_ptr_t s = ucp_tag_send_nbx(x->peers[op->peer].ep, op->buf ? op->buf : dummy,
-                                          op->n, dg__ucx_tag(op->slot, x->base.rank), &p);
+    ucs_status_ptr_t s =
+        DG_UCX(ucp_tag_send_nbx)(x->peers[op->peer].ep, op->buf ? op->buf : dummy, op->n,
+                                 dg__ucx_tag(op->slot, x->base.rank), &p);
     rc = track(x, op, s, 0);
   }
   if (rc == DG_EAGAIN) rc = DG_OK;
@@ -323,8 +326,9 @@ static int ucx_recv(dg_xport *xp, dg_xop *op) {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FIELD_RECV_INFO,
         .cb.recv = recv_cb, .user_data = x, .recv_info.tag_info = &info};
-    ucs_status_ptr_t s = ucp_tag_recv_nbx(x->wk, op->buf ? op->buf : dummy, op->n,
-                                          dg__ucx_tag(op->slot, op->peer), UINT64_MAX, &p);
+    ucs_status_ptr_t s =
+        DG_UCX(ucp_tag_recv_nbx)(x->wk, op->buf ? op->buf : dummy, op->n,
+                                 dg__ucx_tag(op->slot, op->peer), UINT64_MAX, &p);
     rc = track(x, op, s, info.length);
   }
   if (rc == DG_EAGAIN) rc = DG_OK;
@@ -334,7 +338,7 @@ static int ucx_recv(dg_xport *xp, dg_xop *op) {
 
 void dg__ucx_progress(dg_ucx_xport *x) {
   x->armed = 0;
-  while (ucp_worker_progress(x->wk)) {
+  while (DG_UCX(ucp_worker_progress)(x->wk)) {
   }
   dg__ucx_settle(x);
 }
@@ -343,7 +347,7 @@ void dg__ucx_progress(dg_ucx_xport *x) {
  * event wakes the progress thread. Any later progress call disarms. */
 static void arm(dg_ucx_xport *x) {
   do dg__ucx_progress(x);
-  while (ucp_worker_arm(x->wk) == UCS_ERR_BUSY);
+  while (DG_UCX(ucp_worker_arm)(x->wk) == UCS_ERR_BUSY);
   x->armed = 1;
 }
 
@@ -397,7 +401,7 @@ static int ucx_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
     }
     if (op->status == DG_XOP_PENDING) {
       x->armed = 0;
-      if (ucp_worker_progress(x->wk)) last = dg__now_ns();
+      if (DG_UCX(ucp_worker_progress)(x->wk)) last = dg__now_ns();
       dg__ucx_settle(x);
     }
     pthread_mutex_unlock(&x->mu);

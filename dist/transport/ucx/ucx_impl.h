@@ -21,9 +21,9 @@
 #define DG_UCX_IMPL_H
 
 #include <pthread.h>
-#include <ucp/api/ucp.h>
 
 #include "dist/transport/transport_impl.h"
+#include "dist/transport/ucx/ucx_dl.h" /* UCX's headers; its functions as DG_UCX(name) */
 
 #define DG_UCX_KIND_SHIFT 44
 #define DG_UCX_KIND_CTL 15ULL

@@ -26,17 +26,18 @@ static void tune(ucp_config_t *cfg) {
     char env[64];
     snprintf(env, sizeof env, "UCX_%s", kv[i][0]);
     if (getenv(env)) continue;
-    ucs_status_t st = ucp_config_modify(cfg, kv[i][0], kv[i][1]);
+    ucs_status_t st = DG_UCX(ucp_config_modify)(cfg, kv[i][0], kv[i][1]);
     if (st != UCS_OK)
-      DG_LOGD("ucx transport: cannot set %s=%s: %s", env, kv[i][1], ucs_status_string(st));
+      DG_LOGD("ucx transport: cannot set %s=%s: %s", env, kv[i][1],
+              DG_UCX(ucs_status_string)(st));
   }
 }
 
 static int open_worker(dg_ucx_xport *x, char *err, size_t cap) {
   ucp_config_t *cfg = NULL;
-  ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+  ucs_status_t st = DG_UCX(ucp_config_read)(NULL, NULL, &cfg);
   if (st != UCS_OK) {
-    snprintf(err, cap, "ucx: reading the configuration: %s", ucs_status_string(st));
+    snprintf(err, cap, "ucx: reading the configuration: %s", DG_UCX(ucs_status_string)(st));
     return DG_ESYS;
   }
   tune(cfg);
@@ -48,22 +49,22 @@ static int open_worker(dg_ucx_xport *x, char *err, size_t cap) {
                      .request_init = dg__ucx_request_init,
                      .mt_workers_shared = 0,
                      .estimated_num_eps = (size_t)x->base.size};
-  st = ucp_init(&pp, cfg, &x->ctx);
-  ucp_config_release(cfg);
+  st = DG_UCX(ucp_init_version)(UCP_API_MAJOR, UCP_API_MINOR, &pp, cfg, &x->ctx);
+  DG_UCX(ucp_config_release)(cfg);
   if (st != UCS_OK) {
     x->ctx = NULL;
-    snprintf(err, cap, "ucx: ucp_init: %s", ucs_status_string(st));
+    snprintf(err, cap, "ucx: ucp_init: %s", DG_UCX(ucs_status_string)(st));
     return DG_ESYS;
   }
   ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                             .thread_mode = UCS_THREAD_MODE_SERIALIZED};
-  if ((st = ucp_worker_create(x->ctx, &wp, &x->wk)) != UCS_OK) {
+  if ((st = DG_UCX(ucp_worker_create)(x->ctx, &wp, &x->wk)) != UCS_OK) {
     x->wk = NULL;
-    snprintf(err, cap, "ucx: ucp_worker_create: %s", ucs_status_string(st));
+    snprintf(err, cap, "ucx: ucp_worker_create: %s", DG_UCX(ucs_status_string)(st));
     return DG_ESYS;
   }
-  if ((st = ucp_worker_get_efd(x->wk, &x->efd)) != UCS_OK) {
-    snprintf(err, cap, "ucx: ucp_worker_get_efd: %s", ucs_status_string(st));
+  if ((st = DG_UCX(ucp_worker_get_efd)(x->wk, &x->efd)) != UCS_OK) {
+    snprintf(err, cap, "ucx: ucp_worker_get_efd: %s", DG_UCX(ucs_status_string)(st));
     return DG_ESYS;
   }
   return DG_OK;
@@ -72,15 +73,15 @@ static int open_worker(dg_ucx_xport *x, char *err, size_t cap) {
 static int publish(dg_ucx_xport *x, dg_store *store, char *err, size_t cap) {
   ucp_address_t *a = NULL;
   size_t n = 0;
-  ucs_status_t st = ucp_worker_get_address(x->wk, &a, &n);
+  ucs_status_t st = DG_UCX(ucp_worker_get_address)(x->wk, &a, &n);
   if (st != UCS_OK) {
-    snprintf(err, cap, "ucx: ucp_worker_get_address: %s", ucs_status_string(st));
+    snprintf(err, cap, "ucx: ucp_worker_get_address: %s", DG_UCX(ucs_status_string)(st));
     return DG_ESYS;
   }
   char key[32];
   snprintf(key, sizeof key, "ucx/%d", x->base.rank);
   int rc = dg_store_set(store, key, a, n);
-  ucp_worker_release_address(x->wk, a);
+  DG_UCX(ucp_worker_release_address)(x->wk, a);
   if (rc != DG_OK) snprintf(err, cap, "ucx rendezvous: publishing the worker address: %s",
                             dg_store_errmsg(store));
   return rc;
@@ -116,12 +117,13 @@ static int connect_peer(dg_ucx_xport *x, const dg_xport_opts *o, int i, char *er
                         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                         .err_handler = {.cb = dg__ucx_ep_error, .arg = x}};
   pthread_mutex_lock(&x->mu);
-  ucs_status_t st = ucp_ep_create(x->wk, &ep, &x->peers[i].ep);
+  ucs_status_t st = DG_UCX(ucp_ep_create)(x->wk, &ep, &x->peers[i].ep);
   pthread_mutex_unlock(&x->mu);
   dg_store_value_free(v);
   if (st != UCS_OK) {
     x->peers[i].ep = NULL;
-    snprintf(err, cap, "ucx rendezvous: endpoint to rank %d: %s", i, ucs_status_string(st));
+    snprintf(err, cap, "ucx rendezvous: endpoint to rank %d: %s", i,
+             DG_UCX(ucs_status_string)(st));
     return DG_EPEER;
   }
   return DG_OK;
@@ -168,7 +170,7 @@ static void close_cb(void *req, ucs_status_t st, void *ud) {
   dg_ucx_peer *p = ud;
   (void)st;
   p->closing = 0;
-  ucp_request_free(req);
+  DG_UCX(ucp_request_free)(req);
 }
 
 /* BYE to every peer still there (unless failed), then closes endpoints. */
@@ -182,15 +184,16 @@ static void leave(dg_ucx_xport *x) {
     ucp_request_param_t p = {.op_attr_mask = 0};
     uint64_t tag = ((uint64_t)(unsigned)x->base.rank << DG_UCX_SRC_SHIFT) |
                    (DG_UCX_KIND_CTL << DG_UCX_KIND_SHIFT);
-    bye[i] = ucp_tag_send_nbx(x->peers[i].ep, x->ctl_bye, sizeof x->ctl_bye, tag, &p);
+    bye[i] = DG_UCX(ucp_tag_send_nbx)(x->peers[i].ep, x->ctl_bye, sizeof x->ctl_bye, tag, &p);
   }
   for (int i = 0; bye && i < x->base.size; i++) {
     while (bye[i] && !UCS_PTR_IS_ERR(bye[i]) && dg__now_ms() < dl &&
-           ucp_request_check_status(bye[i]) == UCS_INPROGRESS)
+           DG_UCX(ucp_request_check_status)(bye[i]) == UCS_INPROGRESS)
       dg__ucx_progress(x);
     if (bye[i] && !UCS_PTR_IS_ERR(bye[i])) {
-      if (ucp_request_check_status(bye[i]) == UCS_INPROGRESS) ucp_request_cancel(x->wk, bye[i]);
-      ucp_request_free(bye[i]);
+      if (DG_UCX(ucp_request_check_status)(bye[i]) == UCS_INPROGRESS)
+        DG_UCX(ucp_request_cancel)(x->wk, bye[i]);
+      DG_UCX(ucp_request_free)(bye[i]);
     }
   }
   dg__free(bye);
@@ -206,7 +209,7 @@ static void leave(dg_ucx_xport *x) {
                                               UCP_OP_ATTR_FIELD_USER_DATA,
                               .flags = UCP_EP_CLOSE_FLAG_FORCE, .cb.send = close_cb,
                               .user_data = p};
-    ucs_status_ptr_t s = ucp_ep_close_nbx(p->ep, &cp);
+    ucs_status_ptr_t s = DG_UCX(ucp_ep_close_nbx)(p->ep, &cp);
     if (s == NULL || UCS_PTR_IS_ERR(s)) p->closing = 0;
     p->ep = NULL;
   }
@@ -237,13 +240,13 @@ void dg__ucx_destroy(dg_xport *xp) {
     if (x->ctl_req) {
       void *r = x->ctl_req;
       x->ctl_req = NULL;
-      ucp_request_cancel(x->wk, r);
+      DG_UCX(ucp_request_cancel)(x->wk, r);
     }
     dg__ucx_progress(x);
     pthread_mutex_unlock(&x->mu);
-    ucp_worker_destroy(x->wk);
+    DG_UCX(ucp_worker_destroy)(x->wk);
   }
-  if (x->ctx) ucp_cleanup(x->ctx);
+  if (x->ctx) DG_UCX(ucp_cleanup)(x->ctx);
   if (x->ep >= 0) close(x->ep);
   if (x->wakefd >= 0) close(x->wakefd);
   dg__free(x->peers);
@@ -257,6 +260,8 @@ int dg__ucx_xport_new(dg_xport **out, const dg_xport_opts *o, char *err, size_t 
       o->rank >= o->size)
     return DG_EINVAL;
   *out = NULL;
+  int rc = dg__ucx_load(NULL, err, cap); /* the first UCX group loads UCX */
+  if (rc != DG_OK) return rc;
   dg_ucx_xport *x = dg__calloc(1, sizeof *x);
   if (!x) return DG_ENOMEM;
   x->base.vt = &dg__ucx_vt;
@@ -272,7 +277,7 @@ int dg__ucx_xport_new(dg_xport **out, const dg_xport_opts *o, char *err, size_t 
   pthread_mutex_init(&x->mu, NULL);
   pthread_cond_init(&x->cv, NULL);
   x->peers = dg__calloc((size_t)o->size, sizeof *x->peers);
-  int rc = x->peers ? open_worker(x, err, cap) : DG_ENOMEM;
+  rc = x->peers ? open_worker(x, err, cap) : DG_ENOMEM;
   if (rc == DG_OK) rc = publish(x, o->store, err, cap);
   for (int i = 0; rc == DG_OK && i < o->size; i++)
     if (i != o->rank) rc = connect_peer(x, o, i, err, cap);
