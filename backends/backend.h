@@ -16,6 +16,7 @@
 struct dg__kern_mem;
 struct dg__kern_blas;
 struct dg__kern_norm;
+struct dg__kern_batchnorm;
 struct dg__kern_unary;
 struct dg__kern_binary;
 struct dg__kern_reduce;
@@ -46,6 +47,7 @@ typedef struct dg__backend {
   /* kernel tables, one per op family: a backend fills every one */
   const struct dg__kern_blas *blas;
   const struct dg__kern_norm *norm;
+  const struct dg__kern_batchnorm *batchnorm;
   const struct dg__kern_unary *unary;
   const struct dg__kern_binary *binary;
   const struct dg__kern_reduce *reduce;

@@ -1,4 +1,4 @@
-/* Kernels of the reduction family (ops/reduce.c). Not API. */
+/* Kernels of the reduction family (ops/reduce.c, ops/argmax.c). Not API. */
 #ifndef DG_KERN_REDUCE_H
 #define DG_KERN_REDUCE_H
 
@@ -16,6 +16,13 @@ typedef struct {
   int acc;             /* backward: 0 stores into a fresh gradient, 1 adds */
 } dg__reduce_args;
 
+/* Index of the maximum along D of x (O, D, I) -> idx (O, I), D >= 1. */
+typedef struct {
+  const float *x; /* (O, D, I) */
+  int64_t *idx;   /* (O, I) */
+  int64_t O, D, I;
+} dg__argmax_args;
+
 struct dg__kern_reduce {
   /* y[0] = scale * sum of x (D elements) */
   void (*sum_fwd)(const dg__reduce_args *a);
@@ -25,6 +32,10 @@ struct dg__kern_reduce {
   void (*sum_dim_fwd)(const dg__reduce_args *a);
   /* dx (O, D, I) (+)= scale * dy (O, I), broadcast over D */
   void (*sum_dim_bwd)(const dg__reduce_args *a);
+  /* idx = argmax over D (ties: the first index; a NaN wins, the first one) */
+  void (*argmax)(const dg__argmax_args *a);
+  /* how many of a (n), b (n) are equal */
+  int64_t (*count_eq)(const int64_t *a, const int64_t *b, int64_t n);
 };
 
 #endif

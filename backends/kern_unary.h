@@ -10,17 +10,20 @@ typedef enum {
   DG_UNARY_TANH,
   DG_UNARY_SIGMOID,
   DG_UNARY_EXP,
-  DG_UNARY_LOG
+  DG_UNARY_LOG,
+  DG_UNARY_LEAKY_RELU /* x > 0 ? x : alpha x */
 } dg__unary_kind;
 
 /* n contiguous elements. Backward reads the saved tensor s in x: the
- * output for relu, tanh, sigmoid and exp, the input for gelu and log. */
+ * output for relu, tanh, sigmoid and exp, the input for gelu, log and
+ * leaky_relu. */
 typedef struct {
   dg__unary_kind kind;
   int acc;             /* backward: 0 stores into a fresh gradient, 1 adds */
   const float *x, *dy; /* x: input (forward) or s (backward); dy: (n) backward */
   float *y;            /* output (forward) or dx (backward) */
   int64_t n;
+  float alpha;         /* leaky_relu: the slope below 0 */
 } dg__unary_args;
 
 struct dg__kern_unary {

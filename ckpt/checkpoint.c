@@ -167,6 +167,8 @@ static int build_header(const dg_checkpoint *c, sbuf *b) {
   uint64_t off = 0;
   sb_put(b, "{", 1);
   for (int i = 0; i < dg_params_count(ps); i++) hdr_tensor(b, "", dg_params_get(ps, i), &off);
+  for (int i = 0; i < dg_params_buffer_count(ps); i++) /* buffers: by name, as torch's */
+    hdr_tensor(b, "", dg_params_buffer_get(ps, i), &off);
   int ns = c->optim ? dg_optim_state_count(c->optim) : 0;
   for (int k = 0; k < ns; k++) {
     char pre[128];
@@ -212,6 +214,10 @@ static int write_body(int fd, const dg_checkpoint *c, const sbuf *hdr) {
   dg_params *ps = c->params;
   for (int i = 0; !e && i < dg_params_count(ps); i++) {
     dg_tensor *t = dg_params_get(ps, i);
+    e = write_f32(fd, dg_tensor_data(t), (size_t)dg_tensor_numel(t));
+  }
+  for (int i = 0; !e && i < dg_params_buffer_count(ps); i++) {
+    dg_tensor *t = dg_params_buffer_get(ps, i);
     e = write_f32(fd, dg_tensor_data(t), (size_t)dg_tensor_numel(t));
   }
   int ns = c->optim ? dg_optim_state_count(c->optim) : 0;
@@ -593,24 +599,83 @@ static int read_header(const char *path, FILE **f, ck_parser *p, uint64_t *data_
 
 /* ---- load: resolve, validate, stream ---- */
 
+#define CK_NAME_MAX 512 /* a renamed tensor name, with its NUL */
+#define CK_SKIP (-1)       /* slot: not loaded (weights-only load, a dropped name) */
+#define CK_UNEXPECTED (-2) /* slot: the model has no such tensor */
+
 typedef struct {
   const char *path;
   char *err;
   size_t cap;
   dg_checkpoint *c;
-  char *found; /* params * (1 + nstates) flags */
+  char *found; /* params * (1 + nstates) + buffers flags */
+  dg_checkpoint_load_opts *o; /* NULL: strict, no renames; counts go back into it */
+  int nmissing, nunexpected;
+  /* the first name that did not match: the error of a strict load, given
+   * once every mismatch is counted and reported */
+  int first_code;
+  char first[400];
 } ck_load;
 
-/* Finds the destination of entry e (parameter or optimizer state slice) and
- * its slot in L->found (param + count * (1 + state)); slot -1: skip it. */
+/* A file tensor the model lacks, or a model tensor the file lacks (`name`;
+ * fmt: the strict load's message for it). */
+static void mismatch(ck_load *L, dg_ckpt_diff what, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void mismatch(ck_load *L, dg_ckpt_diff what, const char *name, const char *fmt, ...) {
+  if (what == DG_CKPT_MISSING) L->nmissing++;
+  else L->nunexpected++;
+  if (!L->first_code) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(L->first, sizeof L->first, fmt, ap);
+    va_end(ap);
+    L->first_code = DG_ENOTFOUND;
+  }
+  if (L->o && L->o->report) L->o->report(L->o->report_user, what, name);
+}
+
+/* The model's name for the file's `name` (a parameter or buffer name: for
+ * optimizer state, the part after "optim.<state>."): the prefix map, then
+ * the rename callback, into buf. *out is name itself when nothing applies,
+ * NULL when the callback drops the tensor. */
+static int map_name(ck_load *L, const ck_entry *e, const char *name, char *buf, const char **out) {
+  const dg_checkpoint_load_opts *o = L->o;
+  *out = name;
+  if (!o) return DG_OK;
+  for (int k = 0; k < o->nrename; k++) {
+    size_t fl = strlen(o->rename_from[k]);
+    if (strncmp(name, o->rename_from[k], fl)) continue;
+    if ((size_t)snprintf(buf, CK_NAME_MAX, "%s%s", o->rename_to[k], name + fl) >= CK_NAME_MAX)
+      goto too_long;
+    *out = buf;
+    break;
+  }
+  if (o->rename) {
+    char tmp[CK_NAME_MAX];
+    tmp[0] = '\0';
+    int r = o->rename(o->rename_user, *out, tmp, sizeof tmp);
+    if (r < 0) *out = NULL;
+    if (r > 0 && !memchr(tmp, 0, sizeof tmp)) goto too_long;
+    if (r > 0) *out = memcpy(buf, tmp, strlen(tmp) + 1);
+  }
+  return DG_OK;
+too_long:
+  return dg__fail_msg(L->err, L->cap, DG_EINVAL, "%s: %s: the renamed name is longer than %d "
+                      "bytes", L->path, e->name, CK_NAME_MAX - 1);
+}
+
+/* Finds the destination of entry e (parameter, buffer or optimizer state
+ * slice, under its renamed name) and its slot in L->found (param + count *
+ * (1 + state), buffers after those); slot CK_SKIP: not loaded,
+ * CK_UNEXPECTED: the model has no such tensor (counted and reported). */
 static int resolve(ck_load *L, ck_entry *e, int *slot) {
   dg_checkpoint *c = L->c;
   int np = dg_params_count(c->params), ns = c->optim ? dg_optim_state_count(c->optim) : 0;
   const char *pname = e->name;
   float *base = NULL;
   int k = -1;
+  *slot = CK_SKIP;
   if (!strncmp(e->name, "optim.", 6)) {
-    *slot = -1;
     if (!c->optim) return DG_OK; /* weights only */
     for (k = 0; k < ns; k++) {
       const char *sname;
@@ -622,14 +687,33 @@ static int resolve(ck_load *L, ck_entry *e, int *slot) {
         break;
       }
     }
-    if (k == ns)
-      return dg__fail_msg(L->err, L->cap, DG_ENOTFOUND, "%s: %s: the %s optimizer has no such state",
-                    L->path, e->name, dg_optim_name(c->optim));
+    if (k == ns) {
+      *slot = CK_UNEXPECTED;
+      mismatch(L, DG_CKPT_UNEXPECTED, e->name, "%s: %s: the %s optimizer has no such state",
+               L->path, e->name, dg_optim_name(c->optim));
+      return DG_OK;
+    }
   }
+  char buf[CK_NAME_MAX];
+  const char *fname = pname;
+  int rc = map_name(L, e, fname, buf, &pname);
+  if (rc || !pname) return rc; /* dropped by the caller's rename: skipped */
   dg_tensor *t = dg_params_find(c->params, pname);
-  if (!t)
-    return dg__fail_msg(L->err, L->cap, DG_ENOTFOUND, "%s: %s: tensor in file, not in model",
-                  L->path, e->name);
+  for (int bi = 0; !t && k < 0 && bi < dg_params_buffer_count(c->params); bi++) {
+    dg_tensor *bt = dg_params_buffer_get(c->params, bi);
+    if (strcmp(dg_tensor_name(bt), pname)) continue;
+    *slot = np * (1 + ns) + bi; /* buffers' slots follow the parameters' and states' */
+    e->numel = dg_tensor_numel(bt);
+    e->dst = dg_tensor_data(bt);
+    return DG_OK;
+  }
+  if (!t) {
+    *slot = CK_UNEXPECTED;
+    mismatch(L, DG_CKPT_UNEXPECTED, e->name, "%s: %s%s%s%s: tensor in file, not in model",
+             L->path, e->name, pname != fname ? " (renamed " : "", pname != fname ? pname : "",
+             pname != fname ? ")" : "");
+    return DG_OK;
+  }
   int i = dg_tensor_param_index(t);
   *slot = i + np * (k + 1);
   e->numel = dg_tensor_numel(t);
@@ -692,6 +776,29 @@ static int check_optim_kind(ck_load *L, const ck_parser *p) {
   return DG_OK;
 }
 
+/* Counts and reports what the model has and the file lacks: buffers, then
+ * parameters, then optimizer state slices. */
+static void note_missing(ck_load *L) {
+  dg_checkpoint *c = L->c;
+  int np = dg_params_count(c->params), ns = c->optim ? dg_optim_state_count(c->optim) : 0;
+  char name[CK_NAME_MAX];
+  for (int bi = 0; bi < dg_params_buffer_count(c->params); bi++) {
+    if (L->found[np * (1 + ns) + bi]) continue;
+    const char *bn = dg_tensor_name(dg_params_buffer_get(c->params, bi));
+    mismatch(L, DG_CKPT_MISSING, bn, "%s: %s: buffer in model, missing from file", L->path, bn);
+  }
+  for (int s = 0; s < np * (1 + ns); s++) {
+    if (L->found[s]) continue;
+    const char *sname = "";
+    float *b;
+    size_t n;
+    if (s >= np) dg_optim_state_get(c->optim, s / np - 1, &sname, &b, &n);
+    snprintf(name, sizeof name, "%s%s%s%s", s >= np ? "optim." : "", sname, s >= np ? "." : "",
+             dg_tensor_name(dg_params_get(c->params, s % np)));
+    mismatch(L, DG_CKPT_MISSING, name, "%s: %s: in model, missing from file", L->path, name);
+  }
+}
+
 static int validate(ck_load *L, ck_parser *p, uint64_t data_bytes) {
   dg_checkpoint *c = L->c;
   int rc0 = check_optim_kind(L, p);
@@ -703,20 +810,23 @@ static int validate(ck_load *L, ck_parser *p, uint64_t data_bytes) {
     if (rc) return rc;
     if (slot < 0) continue;
     if (L->found[slot])
-      return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: %s: duplicate tensor", L->path, e->name);
+      return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: %s: duplicate tensor%s", L->path,
+                          e->name, L->o && (L->o->nrename || L->o->rename) ? " (after renaming)"
+                                                                            : "");
     L->found[slot] = 1;
-    if ((rc = check_entry(L, e, dg_params_get(c->params, slot % np)))) return rc;
+    if ((rc = check_entry(L, e, slot < np * (1 + ns) ? dg_params_get(c->params, slot % np)
+                               : dg_params_buffer_get(c->params, slot - np * (1 + ns)))))
+      return rc;
   }
-  for (int s = 0; s < np * (1 + ns); s++) {
-    if (L->found[s]) continue;
-    const char *sname = "";
-    float *b;
-    size_t n;
-    if (s >= np) dg_optim_state_get(c->optim, s / np - 1, &sname, &b, &n);
-    return dg__fail_msg(L->err, L->cap, DG_ENOTFOUND, "%s: %s%s%s%s: in model, missing from file",
-                  L->path, s >= np ? "optim." : "", sname, s >= np ? "." : "",
-                  dg_tensor_name(dg_params_get(c->params, s % np)));
+  note_missing(L);
+  if (L->o) {
+    L->o->nmissing = L->nmissing;
+    L->o->nunexpected = L->nunexpected;
   }
+  if (L->first_code && !(L->o && L->o->non_strict))
+    return dg__fail_msg(L->err, L->cap, L->first_code, "%s (%d unexpected and %d missing in "
+                        "all; a non_strict load skips them)", L->first, L->nunexpected,
+                        L->nmissing);
   return check_tiling(L, p, data_bytes);
 }
 
@@ -802,11 +912,33 @@ static int apply_meta(ck_load *L, const ck_meta *m) {
   return DG_OK;
 }
 
+static int check_load_opts(dg_checkpoint_load_opts *o, char *err, size_t cap) {
+  if (!o) return DG_OK;
+  o->nmissing = o->nunexpected = 0;
+  if (o->nrename < 0 || (o->nrename && (!o->rename_from || !o->rename_to)))
+    return dg__fail_msg(err, cap, DG_EINVAL, "checkpoint load: %d renames with rename_from %p, "
+                        "rename_to %p", o->nrename, (const void *)o->rename_from,
+                        (const void *)o->rename_to);
+  for (int k = 0; k < o->nrename; k++)
+    if (!o->rename_from[k] || !o->rename_to[k])
+      return dg__fail_msg(err, cap, DG_EINVAL, "checkpoint load: rename %d has a NULL prefix", k);
+  return DG_OK;
+}
+
 int dg_checkpoint_load(const char *path, dg_checkpoint *c, char *err, size_t errcap) {
+  return dg_checkpoint_load_with(path, c, NULL, err, errcap);
+}
+
+int dg_checkpoint_load_with(const char *path, dg_checkpoint *c, dg_checkpoint_load_opts *opts,
+                            char *err, size_t errcap) {
   if (!path || !c || !c->params)
     return dg__fail_msg(err, errcap, DG_EINVAL, "checkpoint load: path and params are required");
+  int rc0 = check_load_opts(opts, err, errcap);
+  if (rc0) return rc0;
   int np = dg_params_count(c->params), ns = c->optim ? dg_optim_state_count(c->optim) : 0;
-  ck_load L = {path, err, errcap, c, dg__calloc((size_t)np * (size_t)(1 + ns) + 1, 1)};
+  int nb = dg_params_buffer_count(c->params);
+  ck_load L = {path, err, errcap, c,
+               dg__calloc((size_t)np * (size_t)(1 + ns) + (size_t)nb + 1, 1), opts, 0, 0, 0, ""};
   if (!L.found) return dg__fail_msg(err, errcap, DG_ENOMEM, "%s: out of memory", path);
   FILE *f = NULL;
   ck_parser p;

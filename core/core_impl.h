@@ -25,6 +25,9 @@ enum {
    * DDP overlapping the next forward with the all-reduce): every reader
    * waits at the fence (dg__fence, dg__settle) first */
   DG_TF_PENDING = 1u << 4,
+  /* a buffer of a store (core/buffers.c; also DG_TF_PARAM: the store owns
+   * it): its header is a dg__buffer_hdr, which carries its name */
+  DG_TF_BUFFER = 1u << 5,
 };
 
 typedef struct dg_storage {
@@ -175,6 +178,18 @@ struct dg_ctx {
 #define DG__SETTLE_BACKWARD (-2)
 typedef int (*dg__writer_fn)(void *user, dg_params *ps, int i, char *err, size_t cap);
 
+/* A store's buffers (core/buffers.c): persistent f32 state that is not a
+ * parameter (running statistics), in a flat buffer of their own, so no
+ * code that walks parameters (optimizers, clipping, DDP buckets, the tape)
+ * sees them. */
+typedef struct {
+  int n, cap;
+  dg_tensor **t;      /* headers (dg__buffer_hdr), registration order */
+  size_t *offset;     /* element offsets in data */
+  size_t total, used; /* floats allocated / in use */
+  float *data;
+} dg__buffers;
+
 struct dg_params {
   int n, cap;
   dg_tensor **t;      /* headers (heap) */
@@ -203,6 +218,7 @@ struct dg_params {
    * the gradients are one rank's partial sum inside an accumulation window,
    * cleared by the synchronising backward, zero_grad and dg_ddp_free. */
   char step_block[200];
+  dg__buffers buf;    /* buffers (dg_params_add_buffer) */
   char errmsg[256];   /* the last failure of a call on the store */
 };
 
@@ -351,6 +367,10 @@ static inline int dg__wants_grad(const dg_tensor *t) {
 
 /* Forgets every context's attachment of ps (dg_params_free). */
 void dg__params_detach_all(dg_params *ps);
+/* core/buffers.c: the name of buffer header t (DG_TF_BUFFER); frees a
+ * store's buffers (dg_params_free). */
+const char *dg__buffer_name(const dg_tensor *t);
+void dg__params_free_buffers(dg_params *ps);
 
 /* ---- RNG (the generator: base/rng_impl.h) ---- */
 /* Draws n uniforms from ctx's stream and advances it. */

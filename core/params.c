@@ -34,6 +34,7 @@ void dg_params_free(dg_params *ps) {
   dg__free(ps->trainable);
   dg__free(ps->reached);
   dg__free(ps->companions);
+  dg__params_free_buffers(ps);
   if (ps->data) dg__dev_free(DG_CPU, ps->data, ps->total * sizeof(float));
   if (ps->grad && !ps->grad_lent) dg__dev_free(DG_CPU, ps->grad, ps->total * sizeof(float));
   dg__free(ps);
@@ -106,6 +107,8 @@ int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shap
                            "(to DDP): add parameters before wrapping the model", name);
   if (dg_params_find(ps, name))
     return dg__params_fail(ps, DG_EINVAL, "params_add: duplicate parameter name \"%s\"", name);
+  if (dg_params_buffer_find(ps, name))
+    return dg__params_fail(ps, DG_EINVAL, "params_add: \"%s\" is the name of a buffer", name);
   char msg[256];
   if (dg__shape_error(ndim, shape, DG_F32, msg, sizeof msg))
     return dg__params_fail(ps, DG_EINVAL, "params_add: \"%s\": %s", name, msg);
@@ -119,6 +122,7 @@ int dg_params_add(dg_params *ps, const char *name, int ndim, const int64_t *shap
   g->flags = DG_TF_PARAM;
   g->param_id = -1;
   t->grad = g;
+  t->flags |= DG_TF_GRAD_STALE; /* no gradient yet (a step before backward is refused) */
   size_t off = (ps->used_total + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
   /* every segment is padded to PARAM_ALIGN so the total does not depend on
    * the order (dg_params_relayout) */
@@ -169,6 +173,7 @@ dg_tensor *dg_params_find(const dg_params *ps, const char *name) {
 }
 
 const char *dg_tensor_name(const dg_tensor *t) {
+  if (t && (t->flags & DG_TF_BUFFER)) return dg__buffer_name(t);
   if (!t || !t->params || t->param_id < 0) return NULL;
   return t->params->names[t->param_id];
 }

@@ -445,7 +445,8 @@ dg_tensor *dg_tensor_grad(const dg_tensor *t) {
 int dg_tensor_requires_grad(const dg_tensor *t) { return dg__wants_grad(t); }
 
 void dg_tensor_set_requires_grad(dg_tensor *t, int on) {
-  if (!t || t->param_id >= 0) return; /* parameters: dg_params_set_trainable */
+  /* parameters: dg_params_set_trainable; buffers never take a gradient */
+  if (!t || t->param_id >= 0 || (t->flags & DG_TF_BUFFER)) return;
   if (on && t->dtype == DG_F32) t->flags |= DG_TF_REQUIRES_GRAD;
   else t->flags &= ~(uint32_t)DG_TF_REQUIRES_GRAD;
 }

@@ -361,7 +361,7 @@ int dg_ddp_flush(dg_ddp *d) {
 
 int dg_ddp_broadcast_buffers(dg_ddp *d) {
   if (!d) return DG_EINVAL;
-  int rc = DG_OK;
+  int rc = dg__ddp_broadcast_store_buffers(d, 0);
   for (int k = 0; !rc && k < d->opts.nbuffers; k++) {
     dg_tensor *t = d->opts.buffers[k];
     dg_work *w = NULL;

@@ -125,8 +125,11 @@ double dg__ddp_now(void);
 /* ddp_verify.c */
 /* Checks parameters and options across ranks (collective). */
 int dg__ddp_verify(dg_ddp *d);
-/* Broadcasts values and buffers from `root`. */
+/* Broadcasts values and the store's buffers from `root`, and opts->buffers
+ * when with_buffers. */
 int dg__ddp_broadcast_state(dg_ddp *d, int root, int with_buffers);
+/* Broadcasts the store's buffers (dg_params_add_buffer) from `root`. */
+int dg__ddp_broadcast_store_buffers(dg_ddp *d, int root);
 
 /* ddp_overlap.c: the update overlapping the next forward. */
 /* The store's pending writer: brings parameter i (or all) up to date. */

@@ -17,7 +17,11 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   return h;
 }
 
-/* Item 0: the options; item i >= 1: parameter i - 1. */
+/* Items: the options, the parameters, the store's buffers. */
+static int nitems(const dg_ddp *d) { return 1 + d->nparams + dg_params_buffer_count(d->ps); }
+
+/* Item 0: the options; item i in [1, nparams]: parameter i - 1; then the
+ * store's buffers. */
 static void describe(const dg_ddp *d, int item, char *buf, size_t cap) {
   memset(buf, 0, cap);
   if (item == 0) {
@@ -27,12 +31,15 @@ static void describe(const dg_ddp *d, int item, char *buf, size_t cap) {
              d->opts.static_buckets);
     return;
   }
+  char shape[96];
   if (item > d->nparams) {
-    snprintf(buf, cap, "(none)");
+    dg_tensor *t = dg_params_buffer_get(d->ps, item - 1 - d->nparams);
+    if (t) snprintf(buf, cap, "buffer '%s' %s", dg_tensor_name(t),
+                    dg_tensor_shape_str(t, shape, sizeof shape));
+    else snprintf(buf, cap, "(none)");
     return;
   }
   dg_tensor *t = dg_params_get(d->ps, item - 1);
-  char shape[96];
   snprintf(buf, cap, "'%s' %s%s", dg_tensor_name(t), dg_tensor_shape_str(t, shape, sizeof shape),
            dg_params_trainable(d->ps, item - 1) ? "" : " frozen");
 }
@@ -70,16 +77,16 @@ static void first_diff(const int64_t *h, int W, int maxn, int *item, int *rank) 
 
 /* Slow path after the hashes differ: name the difference. */
 static int explain(dg_ddp *d) {
-  int W = d->world, nitems = d->nparams + 1, maxn = 0, item, rk;
-  int32_t *counts = dg__malloc((size_t)W * sizeof *counts);
+  int W = d->world, n = nitems(d), maxn = 0, item, rk;
+  int32_t *counts = dg__malloc(2 * (size_t)W * sizeof *counts); /* (items, params) per rank */
   if (!counts) return DG_ENOMEM;
-  int rc = gather(d, &(int32_t){nitems}, counts, 1, DG_I32, "parameter counts");
-  for (int r = 0; !rc && r < W; r++) maxn = DG_MAX(maxn, counts[r]);
+  int rc = gather(d, (int32_t[2]){n, d->nparams}, counts, 2, DG_I32, "parameter counts");
+  for (int r = 0; !rc && r < W; r++) maxn = DG_MAX(maxn, counts[2 * r]);
   int64_t *mine = dg__calloc((size_t)maxn + 1, sizeof *mine);
   int64_t *all = dg__calloc((size_t)maxn * (size_t)W + 1, sizeof *all);
   char *desc = dg__calloc((size_t)W, DESC_LEN);
   if (!rc && (!mine || !all || !desc)) rc = DG_ENOMEM;
-  for (int i = 0; !rc && i < nitems; i++) mine[i] = (int64_t)item_hash(d, i);
+  for (int i = 0; !rc && i < n; i++) mine[i] = (int64_t)item_hash(d, i);
   if (!rc) rc = gather(d, mine, all, (size_t)maxn, DG_I64, "parameter hashes");
   if (!rc) {
     first_diff(all, W, maxn, &item, &rk);
@@ -92,11 +99,14 @@ static int explain(dg_ddp *d) {
     if (item == 0)
       rc = dg__ddp_fail(d, DG_EMISMATCH, "ddp_new: DDP options differ between ranks: rank 0 "
                         "%.*s vs rank %d %.*s", DESC_LEN, a, rk, DESC_LEN, b);
-    else
+    else { /* items after rank 0's parameters are its buffers */
+      int isbuf = item - 1 >= counts[1], nbuf0 = counts[0] - 1 - counts[1];
       rc = dg__ddp_fail(d, DG_EMISMATCH, "ddp_new: parameters differ between ranks: rank 0 has "
-                        "%d, rank %d has %d; first difference at parameter %d: rank 0 %.*s vs "
-                        "rank %d %.*s", counts[0] - 1, rk, counts[rk] - 1, item - 1, DESC_LEN,
-                        a, rk, DESC_LEN, b);
+                        "%d, rank %d has %d (buffers: %d vs %d); first difference at %s %d: "
+                        "rank 0 %.*s vs rank %d %.*s", counts[1], rk, counts[2 * rk + 1], nbuf0,
+                        counts[2 * rk] - 1 - counts[2 * rk + 1], isbuf ? "buffer" : "parameter",
+                        isbuf ? item - 1 - counts[1] : item - 1, DESC_LEN, a, rk, DESC_LEN, b);
+    }
   }
   dg__free(counts);
   dg__free(mine);
@@ -107,7 +117,7 @@ static int explain(dg_ddp *d) {
 
 int dg__ddp_verify(dg_ddp *d) {
   uint64_t h = fnv(1469598103934665603ull, &d->nparams, sizeof d->nparams);
-  for (int i = 0; i <= d->nparams; i++) {
+  for (int i = 0; i < nitems(d); i++) {
     uint64_t ih = item_hash(d, i);
     h = fnv(h, &ih, sizeof ih);
   }
@@ -119,6 +129,16 @@ int dg__ddp_verify(dg_ddp *d) {
   dg__free(all);
   if (rc) return rc;
   return same ? DG_OK : explain(d);
+}
+
+static int bcast(dg_ddp *d, void *buf, size_t n, dg_dtype dt, int root, const char *what);
+
+/* The store's buffers, in one broadcast of their flat buffer (the check of
+ * dg__ddp_verify made it the same size on every rank). */
+int dg__ddp_broadcast_store_buffers(dg_ddp *d, int root) {
+  size_t n = 0;
+  float *v = dg_params_buffer_data(d->ps, &n);
+  return n ? bcast(d, v, n, DG_F32, root, "the store's buffers") : DG_OK;
 }
 
 static int bcast(dg_ddp *d, void *buf, size_t n, dg_dtype dt, int root, const char *what) {
@@ -136,6 +156,7 @@ int dg__ddp_broadcast_state(dg_ddp *d, int root, int with_buffers) {
   size_t n = 0;
   float *v = dg_params_data(d->ps, &n);
   int rc = bcast(d, v, n, DG_F32, root, "the parameter values");
+  if (!rc) rc = dg__ddp_broadcast_store_buffers(d, root);
   for (int k = 0; !rc && with_buffers && k < d->opts.nbuffers; k++) {
     dg_tensor *t = d->opts.buffers[k];
     if (!t || !dg_tensor_is_contiguous(t))

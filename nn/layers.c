@@ -1,5 +1,6 @@
-/* Leaf modules: Linear, Conv2d, MaxPool2d, activations, Dropout, Flatten,
- * LayerNorm, Embedding. Initialisation follows torch's defaults. */
+/* Leaf modules: Linear, Conv2d, MaxPool2d, AvgPool2d, GlobalAvgPool2d,
+ * activations, Dropout, Flatten, LayerNorm, Embedding. Initialisation
+ * follows torch's defaults. */
 #include <math.h>
 
 #include "nn/nn_impl.h"
@@ -115,9 +116,20 @@ static dg_tensor *pool_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   simple_m *s = (simple_m *)m;
   return dg_maxpool2d(ctx, x, s->k, s->s);
 }
+static dg_tensor *avgpool_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
+  simple_m *s = (simple_m *)m;
+  return dg_avgpool2d(ctx, x, s->k, s->s);
+}
+static dg_tensor *gap_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
+  (void)m;
+  return dg_global_avgpool2d(ctx, x);
+}
 static dg_tensor *relu_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   (void)m;
   return dg_relu(ctx, x);
+}
+static dg_tensor *leaky_relu_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
+  return dg_leaky_relu(ctx, x, ((simple_m *)m)->p);
 }
 static dg_tensor *gelu_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   (void)m;
@@ -139,7 +151,10 @@ static dg_tensor *flatten_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
 }
 
 static const dg_module_vtable pool_vt = {"MaxPool2d", pool_fwd, NULL, NULL};
+static const dg_module_vtable avgpool_vt = {"AvgPool2d", avgpool_fwd, NULL, NULL};
+static const dg_module_vtable gap_vt = {"GlobalAvgPool2d", gap_fwd, NULL, NULL};
 static const dg_module_vtable relu_vt = {"ReLU", relu_fwd, NULL, NULL};
+static const dg_module_vtable leaky_relu_vt = {"LeakyReLU", leaky_relu_fwd, NULL, NULL};
 static const dg_module_vtable gelu_vt = {"GELU", gelu_fwd, NULL, NULL};
 static const dg_module_vtable tanh_vt = {"Tanh", tanh_fwd, NULL, NULL};
 static const dg_module_vtable dropout_vt = {"Dropout", dropout_fwd, NULL, NULL};
@@ -159,7 +174,16 @@ int dg_nn_maxpool2d(dg_module **out, int k, int stride) {
   if (k <= 0 || stride <= 0) return DG_EINVAL;
   return simple_new(out, &pool_vt, k, stride, 0);
 }
+int dg_nn_avgpool2d(dg_module **out, int k, int stride) {
+  if (out) *out = NULL;
+  if (k <= 0 || stride <= 0) return DG_EINVAL;
+  return simple_new(out, &avgpool_vt, k, stride, 0);
+}
+int dg_nn_global_avgpool2d(dg_module **out) { return simple_new(out, &gap_vt, 0, 0, 0); }
 int dg_nn_relu(dg_module **out) { return simple_new(out, &relu_vt, 0, 0, 0); }
+int dg_nn_leaky_relu(dg_module **out, float slope) {
+  return simple_new(out, &leaky_relu_vt, 0, 0, slope);
+}
 int dg_nn_gelu(dg_module **out) { return simple_new(out, &gelu_vt, 0, 0, 0); }
 int dg_nn_tanh(dg_module **out) { return simple_new(out, &tanh_vt, 0, 0, 0); }
 int dg_nn_flatten(dg_module **out) { return simple_new(out, &flatten_vt, 0, 0, 0); }

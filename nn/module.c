@@ -38,6 +38,15 @@ int dg__bind_param(dg_params *ps, const char *prefix, const char *name, int ndim
   return dg_params_add(ps, full, ndim, shape, out);
 }
 
+int dg__bind_buffer(dg_params *ps, const char *prefix, const char *name, int ndim,
+                    const int64_t *shape, dg_tensor **out) {
+  char full[DG__NAME_MAX];
+  if (!dg__join(full, sizeof full, prefix, name))
+    return dg__params_fail(ps, DG_EINVAL, "module bind: buffer name longer than %d bytes: "
+                           "\"...%s.%s\"", DG__NAME_MAX - 1, path_tail(prefix, 64), name);
+  return dg_params_add_buffer(ps, full, ndim, shape, out);
+}
+
 dg_module *dg__module_alloc(size_t size, const dg_module_vtable *vt) {
   dg_module *m = dg__calloc(1, size);
   if (m) {

@@ -14,11 +14,15 @@ int dg_clip_grad_norm(dg_params *ps, double max_norm, double *total_norm) {
                            "bucket by bucket (dg_ddp_overlap_optimizer): there is no moment "
                            "when every gradient is final and none applied; clipping by "
                            "global norm needs the plain loop");
-  float *g = dg_params_grad(ps, NULL);
+  /* stale gradients (no backward wrote them since zero_grad) are zero and
+   * stay stale: reading them through dg_params_grad would make them look
+   * written, and a step would no longer see that no backward ran */
+  (void)dg__params_flush(ps, DG__SETTLE_ALL);
+  float *g = dg__params_grad_raw(ps);
   int np = dg_params_count(ps);
   double sum = 0;
   for (int i = 0; i < np; i++) {
-    if (!dg_params_trainable(ps, i)) continue;
+    if (!dg_params_trainable(ps, i) || (ps->t[i]->flags & DG_TF_GRAD_STALE)) continue;
     size_t lo = dg_params_offset(ps, i);
     size_t hi = lo + (size_t)dg_tensor_numel(dg_params_get(ps, i));
     for (size_t j = lo; j < hi; j++) sum += (double)g[j] * g[j];
@@ -34,7 +38,7 @@ int dg_clip_grad_norm(dg_params *ps, double max_norm, double *total_norm) {
   if (coef >= 1.0) return DG_OK; /* torch multiplies by 1.0: a no-op */
   const float c = (float)coef;
   for (int i = 0; i < np; i++) {
-    if (!dg_params_trainable(ps, i)) continue;
+    if (!dg_params_trainable(ps, i) || (ps->t[i]->flags & DG_TF_GRAD_STALE)) continue;
     size_t lo = dg_params_offset(ps, i);
     size_t hi = lo + (size_t)dg_tensor_numel(dg_params_get(ps, i));
     for (size_t j = lo; j < hi; j++) g[j] *= c;

@@ -16,7 +16,7 @@ static void fused_ready(void *user, dg_params *ps, int i, int reached) {
   }
   size_t lo, hi;
   dg__optim_param_range(o, i, &lo, &hi);
-  dg__optim_range(o)(o, ps->data, dg__params_grad_raw(ps), lo, hi);
+  o->range(o, dg__optim_hyper_of(o, i, o->lr), ps->data, dg__params_grad_raw(ps), lo, hi);
 }
 
 static int fused_end(void *user, dg_ctx *ctx) {

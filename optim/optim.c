@@ -1,7 +1,8 @@
 /* Optimizer object, SGD and AdamW: element-wise updates run as one kernel
  * call over each run of consecutive trainable parameters of the flat
- * buffers. The kernels are the backend's (backends/kern_optim.h), reached
- * through the backend of the store's device. */
+ * buffers with the same group settings. The kernels are the backend's
+ * (backends/kern_optim.h), reached through the backend of the store's
+ * device. */
 #include <math.h>
 #include <string.h>
 
@@ -46,6 +47,8 @@ void dg_optim_free(dg_optim *o) {
     dg__free(o->state[k]);
   }
   dg__free(o->excluded);
+  dg__free(o->group_of);
+  dg__free(o->groups);
   dg__free(o);
 }
 
@@ -54,30 +57,46 @@ void dg__optim_param_range(const dg_optim *o, int i, size_t *lo, size_t *hi) {
   *hi = *lo + (size_t)dg_tensor_numel(dg_params_get(o->ps, i));
 }
 
-typedef dg__optim_range_fn range_fn;
+static int same_hyper(dg__optim_hyper a, dg__optim_hyper b) {
+  return a.lr == b.lr && a.wd == b.wd;
+}
 
-/* Calls fn on maximal runs of trainable parameters that lie next to each
- * other in memory (separated at most by alignment padding, which is zero in
- * value, gradient and state, so updating it changes nothing). Parameters
- * are visited in enumeration order; after dg_params_relayout that need not
- * be memory order, and runs are then simply shorter. */
-static void for_each_run(dg_optim *o, float *w, const float *g, range_fn fn) {
-  size_t lo = 0, hi = 0;
+/* Element-wise kinds: calls o->range on maximal runs of trainable
+ * parameters lying in [lo, hi) that sit next to each other in memory
+ * (separated at most by alignment padding, which is zero in value, gradient
+ * and state, so updating it changes nothing) and share their group
+ * settings. Parameters are visited in enumeration order and a run grows at
+ * either end, so the reversed order dg_params_relayout gives DDP's buckets
+ * merges as well as the original one. Per-parameter kinds: o->param on
+ * each. lr is the optimizer's (groups scale it). */
+static void apply_span(dg_optim *o, float *w, const float *g, size_t lo, size_t hi, float lr) {
+  size_t rlo = 0, rhi = 0;
+  dg__optim_hyper rh = {0, 0};
   int open = 0;
   for (int i = 0; i < o->nparams; i++) {
     if (!dg_params_trainable(o->ps, i)) continue;
     size_t plo, phi;
     dg__optim_param_range(o, i, &plo, &phi);
-    if (open && plo >= hi && plo - hi < 16) {
-      hi = phi;
+    if (plo < lo || phi > hi || plo == phi) continue;
+    dg__optim_hyper h = dg__optim_hyper_of(o, i, lr);
+    if (!o->range) {
+      o->param(o, h, i, w, g, plo, phi);
       continue;
     }
-    if (open) fn(o, w, g, lo, hi);
-    lo = plo;
-    hi = phi;
-    open = 1;
+    if (open && same_hyper(h, rh)) {
+      if (plo >= rhi && plo - rhi < 16) {
+        rhi = phi;
+        continue;
+      }
+      if (phi <= rlo && rlo - phi < 16) {
+        rlo = plo;
+        continue;
+      }
+    }
+    if (open) o->range(o, rh, w, g, rlo, rhi);
+    rlo = plo, rhi = phi, rh = h, open = 1;
   }
-  if (open) fn(o, w, g, lo, hi);
+  if (open) o->range(o, rh, w, g, rlo, rhi);
 }
 
 static int store_unchanged(dg_optim *o, size_t n) {
@@ -88,6 +107,20 @@ static int store_unchanged(dg_optim *o, size_t n) {
   return 0;
 }
 
+/* 1 when the store has trainable parameters and none has a gradient since
+ * zero_grad or its creation: every one's gradient is still stale (lazy
+ * zero_grad; backward's first write, or a read through dg_params_grad /
+ * dg_tensor_grad, clears the mark). */
+static int no_gradient_yet(const dg_params *ps) {
+  int trainable = 0;
+  for (int i = 0; i < ps->n; i++) {
+    if (!ps->trainable[i]) continue;
+    if (!(ps->t[i]->flags & DG_TF_GRAD_STALE)) return 0;
+    trainable = 1;
+  }
+  return trainable;
+}
+
 int dg_optim_step(dg_optim *o) {
   if (!o) return DG_EINVAL;
   if (o->ddp_owned)
@@ -96,11 +129,17 @@ int dg_optim_step(dg_optim *o) {
   if (o->ps->step_block[0])
     return dg__optim_fail(o, DG_ESTATE, "optim_step(%s): %s", o->name, o->ps->step_block);
   size_t n;
-  float *w = dg_params_data(o->ps, &n);
-  const float *g = dg_params_grad(o->ps, NULL);
+  float *w = dg_params_data(o->ps, &n); /* lands a pending update; reads no gradient */
   if (!store_unchanged(o, n)) return DG_ESTATE;
+  /* before dg_params_grad, which zeroes stale gradients and so makes them
+   * look written */
+  if (no_gradient_yet(o->ps))
+    return dg__optim_fail(o, DG_ESTATE, "optim_step(%s): step before any backward: no parameter "
+                          "of the store has a gradient since zero_grad; call dg_backward first",
+                          o->name);
+  const float *g = dg_params_grad(o->ps, NULL);
   o->step++;
-  if (n) o->step_fn(o, w, g);
+  if (n) apply_span(o, w, g, 0, n, o->lr);
   return DG_OK;
 }
 
@@ -113,21 +152,12 @@ int dg__optim_begin_step(dg_optim *o) {
 void dg__optim_step_span(dg_optim *o, size_t lo, size_t hi, float lr) {
   /* raw buffers: the caller made the span's gradients final */
   float *w = o->ps->data, *g = dg__params_grad_raw(o->ps);
-  const float keep = o->lr;
-  o->lr = lr;
-  dg__optim_range_fn fn = dg__optim_range(o);
-  if (fn) { /* element-wise: one run (padding between parameters is zero) */
-    fn(o, w, g, lo, hi);
+  if (o->range && !o->group_of) { /* one run: padding between parameters is zero */
+    dg__optim_hyper h = {lr, o->wd};
+    o->range(o, h, w, g, lo, hi);
   } else {
-    for (int i = 0; i < o->nparams; i++) {
-      size_t plo, phi;
-      dg__optim_param_range(o, i, &plo, &phi);
-      if (plo < lo || phi > hi || plo == phi || !dg_params_trainable(o->ps, i)) continue;
-      if (o->kind == DG__OPT_LAMB) dg__lamb_param(o, w, g, plo, phi);
-      else dg__lars_param(o, o->excluded[i], w, g, plo, phi);
-    }
+    apply_span(o, w, g, lo, hi, lr);
   }
-  o->lr = keep;
 }
 
 const char *dg_optim_name(const dg_optim *o) { return o ? o->name : "?"; }
@@ -167,13 +197,12 @@ dg_sgd_opts dg_sgd_defaults(void) {
   return d;
 }
 
-static void sgd_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
-  dg__sgd_args a = {w, g, o->state[0], lo, hi, o->lr, o->sgd.weight_decay, o->sgd.momentum,
+static void sgd_range(dg_optim *o, dg__optim_hyper h, float *w, const float *g, size_t lo,
+                      size_t hi) {
+  dg__sgd_args a = {w, g, o->state[0], lo, hi, h.lr, h.wd, o->sgd.momentum,
                     o->sgd.dampening, o->step == 1, o->sgd.nesterov};
   o->be->optim->sgd(&a);
 }
-
-static void sgd_step(dg_optim *o, float *w, const float *g) { for_each_run(o, w, g, sgd_range); }
 
 int dg_optim_new_sgd(dg_optim **out, dg_params *ps, const dg_sgd_opts *opts, char *err,
                      size_t cap) {
@@ -193,7 +222,8 @@ int dg_optim_new_sgd(dg_optim **out, dg_params *ps, const dg_sgd_opts *opts, cha
   if (rc) return rc;
   (*out)->sgd = op;
   (*out)->lr = op.lr;
-  (*out)->step_fn = sgd_step;
+  (*out)->wd = op.weight_decay;
+  (*out)->range = sgd_range;
   return DG_OK;
 }
 
@@ -205,19 +235,16 @@ dg_adamw_opts dg_adamw_defaults(void) {
 }
 
 /* torch.optim.AdamW's step constants; the kernel does the rest. */
-static void adamw_range(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
+static void adamw_range(dg_optim *o, dg__optim_hyper h, float *w, const float *g, size_t lo,
+                        size_t hi) {
   const dg_adamw_opts *a = &o->adam;
   const double t = (double)o->step;
   dg__adamw_args k = {w, g, o->state[0], o->state[1], lo, hi,
-                      (float)(1.0 - (double)o->lr * a->weight_decay),
-                      (float)(o->lr / (1.0 - pow(a->beta1, t))),
+                      (float)(1.0 - (double)h.lr * h.wd),
+                      (float)(h.lr / (1.0 - pow(a->beta1, t))),
                       (float)sqrt(1.0 - pow(a->beta2, t)), a->beta1, a->beta2, 1.0f - a->beta1,
                       1.0f - a->beta2, a->eps};
   o->be->optim->adamw(&k);
-}
-
-static void adamw_step(dg_optim *o, float *w, const float *g) {
-  for_each_run(o, w, g, adamw_range);
 }
 
 int dg__adam_opts_ok(const dg_adamw_opts *a) {
@@ -243,15 +270,12 @@ int dg_optim_new_adamw(dg_optim **out, dg_params *ps, const dg_adamw_opts *opts,
   if (rc) return rc;
   (*out)->adam = op;
   (*out)->lr = op.lr;
-  (*out)->step_fn = adamw_step;
+  (*out)->wd = op.weight_decay;
+  (*out)->range = adamw_range;
   return DG_OK;
 }
 
-dg__optim_range_fn dg__optim_range(const dg_optim *o) {
-  if (o->kind == DG__OPT_SGD) return sgd_range;
-  if (o->kind == DG__OPT_ADAMW) return adamw_range;
-  return NULL;
-}
+dg__optim_range_fn dg__optim_range(const dg_optim *o) { return o->range; }
 
 int dg__optim_set_owner(dg_optim *o, dg_params *ps, void *owner, void (*release)(void *owner),
                         char *err, size_t cap) {

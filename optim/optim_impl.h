@@ -11,8 +11,25 @@
 typedef enum { DG__OPT_SGD, DG__OPT_ADAMW, DG__OPT_LAMB, DG__OPT_LARS } dg__optim_kind;
 
 struct dg_optim;
-/* Applies one update; w, g are the store's flat buffers (n floats). */
-typedef void (*dg__optim_step_fn)(struct dg_optim *o, float *w, const float *g);
+
+/* What a parameter's update uses of its group: lr (the optimizer's times the
+ * group's scale) and weight decay. */
+typedef struct {
+  float lr, wd;
+} dg__optim_hyper;
+
+/* A parameter group (dg_optim_set_group). */
+typedef struct {
+  float weight_decay, lr_scale;
+} dg__optim_group;
+
+/* Element-wise update of [lo, hi) of the flat buffers w, g (SGD, AdamW; the
+ * backend's kernel splits a long range over the device). */
+typedef void (*dg__optim_range_fn)(struct dg_optim *o, dg__optim_hyper h, float *w,
+                                   const float *g, size_t lo, size_t hi);
+/* Update of parameter i over its range [lo, hi) (LAMB, LARS: norms first). */
+typedef void (*dg__optim_param_fn)(struct dg_optim *o, dg__optim_hyper h, int i, float *w,
+                                   const float *g, size_t lo, size_t hi);
 
 struct dg_optim {
   dg__optim_kind kind;
@@ -29,10 +46,17 @@ struct dg_optim {
   dg_adamw_opts adam; /* AdamW and LAMB */
   dg_lars_opts lars;  /* pointers cleared: exclusions are in `excluded` */
   unsigned char *excluded; /* (nparams) LARS: 1 = no adaptation, no decay */
+  float wd;           /* the default group's weight decay (the options') */
+  /* parameter groups: group_of[i] is 0 (default) or k for groups[k - 1];
+   * NULL until the first dg_optim_set_group */
+  uint16_t *group_of; /* (nparams) */
+  dg__optim_group *groups;
+  int ngroups;
   int nstate;
   const char *state_name[DG_OPTIM_MAX_STATE];
   float *state[DG_OPTIM_MAX_STATE]; /* (n) each, layout of the flat buffer */
-  dg__optim_step_fn step_fn;
+  dg__optim_range_fn range; /* element-wise kinds, else NULL */
+  dg__optim_param_fn param; /* per-parameter kinds, else NULL */
   /* fused into backward (dg_optim_fuse_backward) */
   dg_ctx *fused_ctx;
   int fused_ready_id, fused_end_id, fused_in_step;
@@ -47,12 +71,20 @@ struct dg_optim {
 #define dg__optim_fail(o, code, ...) \
   dg__fail_msg((o)->errmsg, sizeof (o)->errmsg, code, __VA_ARGS__)
 
-/* Element-wise update of [lo, hi) of the flat buffers (SGD, AdamW; the
- * backend's kernel splits a long range over the device); NULL for the kinds
- * that need whole-parameter norms first. */
-typedef void (*dg__optim_range_fn)(struct dg_optim *o, float *w, const float *g, size_t lo,
-                                   size_t hi);
+/* The element-wise update (o->range); NULL for the kinds that need
+ * whole-parameter norms first. */
 dg__optim_range_fn dg__optim_range(const struct dg_optim *o);
+
+/* Parameter i's lr and weight decay under the optimizer's lr `lr`. */
+static inline dg__optim_hyper dg__optim_hyper_of(const struct dg_optim *o, int i, float lr) {
+  dg__optim_hyper h = {lr, o->wd};
+  if (o->group_of && o->group_of[i]) {
+    const dg__optim_group *g = &o->groups[o->group_of[i] - 1];
+    h.lr = lr * g->lr_scale;
+    h.wd = g->weight_decay;
+  }
+  return h;
+}
 
 /* Allocates the object and `nstate` zeroed state buffers of the store's flat
  * length, and finds the backend of the store's device. Names are static
@@ -65,16 +97,12 @@ int dg__adam_opts_ok(const dg_adamw_opts *a);
 /* The constructor's DG_EINVAL naming the options, into err. */
 int dg__adam_opts_fail(const dg_adamw_opts *a, const char *name, char *err, size_t cap);
 
-/* LAMB and LARS: one parameter's update over its range [lo, hi). */
-void dg__lamb_param(struct dg_optim *o, float *w, const float *g, size_t lo, size_t hi);
-void dg__lars_param(struct dg_optim *o, int excluded, float *w, const float *g, size_t lo,
-                    size_t hi);
-
 /* A step taken piecewise (DDP updating each bucket when its average lands):
  * begin checks the store and counts the step, as dg_optim_step does; span
  * applies it to the trainable parameters lying in [lo, hi) of the flat
- * buffers (no frozen parameter among them), with learning rate lr. The
- * pieces of one step give exactly dg_optim_step's result. */
+ * buffers (no frozen parameter among them), with learning rate lr (times
+ * each parameter's group scale). The pieces of one step give exactly
+ * dg_optim_step's result. */
 int dg__optim_begin_step(struct dg_optim *o);
 void dg__optim_step_span(struct dg_optim *o, size_t lo, size_t hi, float lr);
 
@@ -85,6 +113,9 @@ void dg__optim_step_span(struct dg_optim *o, size_t lo, size_t hi, float lr);
  * other than ps. */
 int dg__optim_set_owner(struct dg_optim *o, dg_params *ps, void *owner,
                         void (*release)(void *owner), char *err, size_t cap);
+
+/* 1 when s ends with suf (LARS's exclude_suffixes, dg_param_filter_suffix). */
+int dg__has_suffix(const char *s, const char *suf);
 
 /* Element range [lo, hi) of parameter i in the flat buffers. */
 void dg__optim_param_range(const dg_optim *o, int i, size_t *lo, size_t *hi);

@@ -12,22 +12,14 @@
 
 dg_lamb_opts dg_lamb_defaults(void) { return dg_adamw_defaults(); }
 
-void dg__lamb_param(dg_optim *o, float *w, const float *g, size_t lo, size_t hi) {
+static void lamb_param(dg_optim *o, dg__optim_hyper h, int i, float *w, const float *g,
+                       size_t lo, size_t hi) {
+  (void)i;
   const dg_adamw_opts *a = &o->adam;
   const double t = (double)o->step;
-  dg__lamb_args k = {w, g, o->state[0], o->state[1], lo, hi, o->lr, a->beta1, a->beta2, a->eps,
-                     a->weight_decay, (float)(1.0 - pow(a->beta1, t)),
-                     (float)(1.0 - pow(a->beta2, t))};
+  dg__lamb_args k = {w, g, o->state[0], o->state[1], lo, hi, h.lr, a->beta1, a->beta2, a->eps,
+                     h.wd, (float)(1.0 - pow(a->beta1, t)), (float)(1.0 - pow(a->beta2, t))};
   o->be->optim->lamb(&k);
-}
-
-static void lamb_step(dg_optim *o, float *w, const float *g) {
-  for (int i = 0; i < o->nparams; i++) {
-    if (!dg_params_trainable(o->ps, i)) continue;
-    size_t lo, hi;
-    dg__optim_param_range(o, i, &lo, &hi);
-    dg__lamb_param(o, w, g, lo, hi);
-  }
 }
 
 int dg_optim_new_lamb(dg_optim **out, dg_params *ps, const dg_lamb_opts *opts, char *err,
@@ -42,7 +34,8 @@ int dg_optim_new_lamb(dg_optim **out, dg_params *ps, const dg_lamb_opts *opts, c
   if (rc) return rc;
   (*out)->adam = op;
   (*out)->lr = op.lr;
-  (*out)->step_fn = lamb_step;
+  (*out)->wd = op.weight_decay;
+  (*out)->param = lamb_param;
   return DG_OK;
 }
 
@@ -58,25 +51,11 @@ dg_lars_opts dg_lars_defaults(void) {
   return d;
 }
 
-void dg__lars_param(dg_optim *o, int excluded, float *w, const float *g, size_t lo,
-                    size_t hi) {
-  dg__lars_args k = {w, g, o->state[0], lo, hi, o->lr, o->lars.momentum, o->lars.weight_decay,
-                     o->lars.trust_coef, o->lars.eps, excluded};
+static void lars_param(dg_optim *o, dg__optim_hyper h, int i, float *w, const float *g,
+                       size_t lo, size_t hi) {
+  dg__lars_args k = {w, g, o->state[0], lo, hi, h.lr, o->lars.momentum, h.wd,
+                     o->lars.trust_coef, o->lars.eps, o->excluded[i]};
   o->be->optim->lars(&k);
-}
-
-static void lars_step(dg_optim *o, float *w, const float *g) {
-  for (int i = 0; i < o->nparams; i++) {
-    if (!dg_params_trainable(o->ps, i)) continue;
-    size_t lo, hi;
-    dg__optim_param_range(o, i, &lo, &hi);
-    dg__lars_param(o, o->excluded[i], w, g, lo, hi);
-  }
-}
-
-static int has_suffix(const char *s, const char *suf) {
-  size_t a = strlen(s), b = strlen(suf);
-  return b <= a && !strcmp(s + a - b, suf);
 }
 
 /* Fills o->excluded from the rules documented in optim.h. */
@@ -86,7 +65,7 @@ static void lars_exclusions(dg_optim *o, const dg_lars_opts *op) {
     const char *name = dg_tensor_name(t);
     int ex = !op->adapt_1d && dg_tensor_ndim(t) <= 1;
     for (int k = 0; !ex && k < op->n_exclude_suffixes; k++)
-      ex = op->exclude_suffixes[k] && has_suffix(name, op->exclude_suffixes[k]);
+      ex = op->exclude_suffixes[k] && dg__has_suffix(name, op->exclude_suffixes[k]);
     if (!ex && op->exclude) ex = op->exclude(op->exclude_user, i, name, t) != 0;
     o->excluded[i] = (unsigned char)ex;
   }
@@ -123,6 +102,7 @@ int dg_optim_new_lars(dg_optim **out, dg_params *ps, const dg_lars_opts *opts, c
   op.exclude_user = NULL;
   o->lars = op;
   o->lr = op.lr;
-  o->step_fn = lars_step;
+  o->wd = op.weight_decay;
+  o->param = lars_param;
   return DG_OK;
 }

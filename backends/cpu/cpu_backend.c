@@ -35,6 +35,7 @@ const dg__backend dg__cpu_backend = {
     /* kernel tables (one line per family, filled as families move here) */
     .mem = &dg__cpu_kern_mem,
     .norm = &dg__cpu_kern_norm,
+    .batchnorm = &dg__cpu_kern_batchnorm,
     .optim = &dg__cpu_kern_optim,
     .mlp = &dg__cpu_kern_mlp,
     .attention = &dg__cpu_kern_attention,

@@ -17,6 +17,7 @@
 /* Kernel tables of the families already moved into backends/cpu/. */
 extern const struct dg__kern_mem dg__cpu_kern_mem;
 extern const struct dg__kern_norm dg__cpu_kern_norm;
+extern const struct dg__kern_batchnorm dg__cpu_kern_batchnorm;
 extern const struct dg__kern_optim dg__cpu_kern_optim;
 extern const struct dg__kern_mlp dg__cpu_kern_mlp;
 extern const struct dg__kern_attention dg__cpu_kern_attention;

@@ -1,10 +1,12 @@
-/* Max pooling kernels of the CPU backend (the op: ops/pool.c).
+/* Pooling kernels of the CPU backend (the op: ops/pool.c): max and average.
  *
- * Forward keeps, for every output, the index of its maximum inside the input
- * plane (H*W, int32); backward scatters dy through those indices. Ties go to
- * the first maximum in row-major window order and a NaN wins, as in
- * PyTorch's CPU kernel. Planes are independent: both passes split them over
- * the pool, and a fresh dx is zeroed plane by plane inside the split. */
+ * Max: forward keeps, for every output, the index of its maximum inside the
+ * input plane (H*W, int32); backward scatters dy through those indices.
+ * Ties go to the first maximum in row-major window order and a NaN wins, as
+ * in PyTorch's CPU kernel. Average: each window is summed in double and
+ * scaled once; backward adds dy / (kh kw) to every element of the window.
+ * Planes are independent: every pass splits them over the pool, and a fresh
+ * dx is zeroed plane by plane inside the split. */
 #include <math.h>
 #include <string.h>
 
@@ -86,4 +88,63 @@ static void cpu_maxpool2d_bwd(const dg__maxpool_args *a) {
   dg__parallel_range(a->planes, plane_grain(a), bwd_planes, (void *)a);
 }
 
-const struct dg__kern_pool dg__cpu_kern_pool = {cpu_maxpool2d_fwd, cpu_maxpool2d_bwd};
+/* ---- average pooling ---- */
+
+typedef dg__avgpool_args avg_job;
+
+/* 1 / (kh kw) in double; an empty window gives inf, so its mean 0 * inf is NaN. */
+static double avg_inv(const avg_job *j) { return 1.0 / (double)(j->kh * j->kw); }
+
+/* One plane: y (OH, OW) = window means of x (H, W). */
+static void avg_plane_fwd(const avg_job *j, const float *restrict x, float *restrict y) {
+  const double inv = avg_inv(j);
+  for (int64_t oh = 0; oh < j->OH; oh++)
+    for (int64_t ow = 0; ow < j->OW; ow++) {
+      const float *w = x + oh * j->sh * j->W + ow * j->sw;
+      double acc = 0;
+      for (int64_t i = 0; i < j->kh; i++)
+        for (int64_t k = 0; k < j->kw; k++) acc += w[i * j->W + k];
+      y[oh * j->OW + ow] = (float)(acc * inv);
+    }
+}
+
+/* One plane: dx (H, W) (+)= dy (OH, OW) / (kh kw) over each window. */
+static void avg_plane_bwd(const avg_job *j, const float *restrict dy, float *restrict dx) {
+  const float inv = (float)avg_inv(j);
+  if (!j->acc) memset(dx, 0, (size_t)(j->H * j->W) * sizeof *dx);
+  for (int64_t oh = 0; oh < j->OH; oh++)
+    for (int64_t ow = 0; ow < j->OW; ow++) {
+      float g = dy[oh * j->OW + ow] * inv;
+      float *w = dx + oh * j->sh * j->W + ow * j->sw;
+      for (int64_t i = 0; i < j->kh; i++)
+        for (int64_t k = 0; k < j->kw; k++) w[i * j->W + k] += g;
+    }
+}
+
+static void avg_fwd_planes(void *arg, int64_t lo, int64_t hi) {
+  const avg_job *j = arg;
+  const int64_t L = j->OH * j->OW, P = j->H * j->W;
+  for (int64_t p = lo; p < hi; p++) avg_plane_fwd(j, j->x + p * P, j->y + p * L);
+}
+
+static void avg_bwd_planes(void *arg, int64_t lo, int64_t hi) {
+  const avg_job *j = arg;
+  const int64_t L = j->OH * j->OW, P = j->H * j->W;
+  for (int64_t p = lo; p < hi; p++) avg_plane_bwd(j, j->dy + p * L, j->dx + p * P);
+}
+
+/* Planes per pool chunk: about 16K input elements. */
+static int64_t avg_grain(const avg_job *j) {
+  return DG_MAX((int64_t)1, 16384 / DG_MAX(j->H * j->W, (int64_t)1));
+}
+
+static void cpu_avgpool2d_fwd(const dg__avgpool_args *a) {
+  dg__parallel_range(a->planes, avg_grain(a), avg_fwd_planes, (void *)a);
+}
+
+static void cpu_avgpool2d_bwd(const dg__avgpool_args *a) {
+  dg__parallel_range(a->planes, avg_grain(a), avg_bwd_planes, (void *)a);
+}
+
+const struct dg__kern_pool dg__cpu_kern_pool = {cpu_maxpool2d_fwd, cpu_maxpool2d_bwd,
+                                                cpu_avgpool2d_fwd, cpu_avgpool2d_bwd};

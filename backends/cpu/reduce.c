@@ -1,8 +1,10 @@
-/* Reduction kernels of the CPU backend (the op: ops/reduce.c).
+/* Reduction kernels of the CPU backend (the ops: ops/reduce.c, and argmax
+ * and the accuracy count of ops/argmax.c).
  *
  * Accuracy: every sum accumulates in double (16 lanes for contiguous runs,
  * whole rows for sums along a non-last dim), so the error does not grow
  * with the length; results are rounded to float once. */
+#include <math.h>
 #include <string.h>
 
 #include "backends/cpu/cpu_impl.h"
@@ -73,5 +75,36 @@ static void cpu_sum_dim_bwd(const dg__reduce_args *a) {
   }
 }
 
-const struct dg__kern_reduce dg__cpu_kern_reduce = {cpu_sum_fwd, cpu_sum_bwd, cpu_sum_dim_fwd,
-                                                    cpu_sum_dim_bwd};
+/* ---- argmax along one dim: x viewed as (O, D, I) -> (O, I) ---- */
+
+/* Rows of x (O, D, I) from o = lo to hi: the first maximum, or the first NaN. */
+static void argmax_rows(void *arg, int64_t lo, int64_t hi) {
+  const dg__argmax_args *a = arg;
+  const int64_t D = a->D, I = a->I;
+  for (int64_t o = lo; o < hi; o++)
+    for (int64_t j = 0; j < I; j++) {
+      const float *x = a->x + o * D * I + j;
+      float m = x[0];
+      int64_t best = 0;
+      for (int64_t d = 1; d < D && !isnan(m); d++) {
+        float v = x[d * I];
+        if (v > m || isnan(v)) m = v, best = d;
+      }
+      a->idx[o * I + j] = best;
+    }
+}
+
+static void cpu_argmax(const dg__argmax_args *a) {
+  int64_t grain = DG_MAX((int64_t)1, DG_GRAIN_MEM / DG_MAX(a->D * a->I, (int64_t)1));
+  dg__parallel_range(a->O, grain, argmax_rows, (void *)a);
+}
+
+static int64_t cpu_count_eq(const int64_t *a, const int64_t *b, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; i++) c += a[i] == b[i];
+  return c;
+}
+
+const struct dg__kern_reduce dg__cpu_kern_reduce = {cpu_sum_fwd,     cpu_sum_bwd,
+                                                    cpu_sum_dim_fwd, cpu_sum_dim_bwd,
+                                                    cpu_argmax,      cpu_count_eq};

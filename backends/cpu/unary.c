@@ -1,5 +1,6 @@
 /* Element-wise unary kernels of the CPU backend (the op: ops/unary.c):
- * relu, gelu (tanh form), tanh, sigmoid, exp, log, forward and backward.
+ * relu, gelu (tanh form), tanh, sigmoid, exp, log, leaky_relu, forward and
+ * backward.
  *
  * tanh, sigmoid and gelu use a branch-free single-precision exp (Cephes
  * expf, about 1 ulp; cpu_impl.h) so their loops vectorise; libm's
@@ -55,8 +56,8 @@ DG_INLINE void exp_loop(int64_t n, const float *restrict x, float *restrict y) {
   }
 }
 
-/* y (n) = f(x (n)). */
-DG_INLINE void unary_fwd_body(dg__unary_kind k, int64_t n, const float *restrict x,
+/* y (n) = f(x (n)); alpha: leaky_relu's slope. */
+DG_INLINE void unary_fwd_body(dg__unary_kind k, float alpha, int64_t n, const float *restrict x,
                               float *restrict y) {
   switch (k) {
     case DG_UNARY_RELU: /* x < 0 keeps nan as nan, like torch */
@@ -79,11 +80,14 @@ DG_INLINE void unary_fwd_body(dg__unary_kind k, int64_t n, const float *restrict
     case DG_UNARY_LOG:
       for (int64_t i = 0; i < n; i++) y[i] = logf(x[i]);
       break;
+    case DG_UNARY_LEAKY_RELU: /* a select of constants, so it vectorises; nan stays nan */
+      for (int64_t i = 0; i < n; i++) y[i] = x[i] * (x[i] > 0.0f ? 1.0f : alpha);
+      break;
   }
 }
 DG_SIMD_FN(unary_fwd,
-           (dg__unary_kind k, int64_t n, const float *restrict x, float *restrict y),
-           (k, n, x, y))
+           (dg__unary_kind k, float alpha, int64_t n, const float *restrict x, float *restrict y),
+           (k, alpha, n, x, y))
 
 /* dx[i] (= or +=) EXPR for i < n. */
 #define EW_STORE(acc, n, EXPR)                                \
@@ -94,8 +98,9 @@ DG_SIMD_FN(unary_fwd,
 
 /* dx (n) (+)= dy (n) * f'(s (n)), s being the saved output or input; acc = 0
  * stores. */
-DG_INLINE void unary_bwd_body(dg__unary_kind k, int acc, int64_t n, const float *restrict s,
-                              const float *restrict dy, float *restrict dx) {
+DG_INLINE void unary_bwd_body(dg__unary_kind k, float alpha, int acc, int64_t n,
+                              const float *restrict s, const float *restrict dy,
+                              float *restrict dx) {
   switch (k) {
     case DG_UNARY_RELU: /* dy loaded unconditionally, so the select vectorises */
       EW_STORE(acc, n, s[i] > 0.0f ? dy[i] : 0.0f);
@@ -115,25 +120,28 @@ DG_INLINE void unary_bwd_body(dg__unary_kind k, int acc, int64_t n, const float 
     case DG_UNARY_LOG:
       EW_STORE(acc, n, dy[i] / s[i]);
       break;
+    case DG_UNARY_LEAKY_RELU: /* s is the input; at 0 (and nan) the slope, as torch */
+      EW_STORE(acc, n, dy[i] * (s[i] > 0.0f ? 1.0f : alpha));
+      break;
   }
 }
 DG_SIMD_FN(unary_bwd,
-           (dg__unary_kind k, int acc, int64_t n, const float *restrict s,
+           (dg__unary_kind k, float alpha, int acc, int64_t n, const float *restrict s,
             const float *restrict dy, float *restrict dx),
-           (k, acc, n, s, dy, dx))
+           (k, alpha, acc, n, s, dy, dx))
 
 static void fwd_range(void *arg, int64_t lo, int64_t hi) {
   const dg__unary_args *j = arg;
-  unary_fwd(j->kind, hi - lo, j->x + lo, j->y + lo);
+  unary_fwd(j->kind, j->alpha, hi - lo, j->x + lo, j->y + lo);
 }
 
 static void bwd_range(void *arg, int64_t lo, int64_t hi) {
   const dg__unary_args *j = arg;
-  unary_bwd(j->kind, j->acc, hi - lo, j->x + lo, j->dy + lo, j->y + lo);
+  unary_bwd(j->kind, j->alpha, j->acc, hi - lo, j->x + lo, j->dy + lo, j->y + lo);
 }
 
 static int64_t grain_of(dg__unary_kind k) {
-  return k == DG_UNARY_RELU ? DG_GRAIN_MEM : DG_GRAIN_COMPUTE;
+  return k == DG_UNARY_RELU || k == DG_UNARY_LEAKY_RELU ? DG_GRAIN_MEM : DG_GRAIN_COMPUTE;
 }
 
 static void cpu_unary_fwd(const dg__unary_args *a) {

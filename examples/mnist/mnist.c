@@ -40,7 +40,7 @@
  * (dg_ddp_overlap_optimizer): each bucket's update lands when the next
  * forward reads it, so communication also overlaps the forward; the losses
  * are those of the plain loop (tests/ckpt/test_mnist_resume.py).
- *   dgrun -n 2 build/examples/mnist/mnist --model cnn --threads 1 */
+ *   dgrun --nproc-per-node 2 build/examples/mnist/mnist --model cnn --threads 1 */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>

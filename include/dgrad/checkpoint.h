@@ -8,7 +8,9 @@
  *                padded with spaces to a multiple of 8
  *   rest         raw little-endian tensor data; offsets are relative to it
  * Tensors: every parameter under its store name ("layers.0.weight"), in
- * registration order; then, when an optimizer is given, each of its state
+ * registration order; then every buffer of the store (dg_params_add_buffer,
+ * e.g. "bn1.running_mean"), which a load requires as it does parameters;
+ * then, when an optimizer is given, each of its state
  * buffers sliced per parameter as "optim.<state>.<param name>" (e.g.
  * "optim.exp_avg.layers.0.weight"). Metadata (all strings): "format"
  * ("dgrad"), "dgrad_ckpt_version" ("1"), "dgrad_version", "step", and when
@@ -75,8 +77,59 @@ DG_API int dg_checkpoint_save(const char *path, const dg_checkpoint *c, char *er
  * dg_optim_name, else DG_EMISMATCH); the ctx RNG state and loader position
  * when set (DG_ENOTFOUND when the file lacks them); c->step. Optimizer
  * tensors in the file are ignored when c->optim is NULL (weights only);
- * any other tensor the model lacks is refused. */
+ * any other tensor the model lacks is refused. Parameter groups
+ * (dg_optim_set_group) are configuration, not in the file: set them on the
+ * optimizer as when it was saved. Strict: dg_checkpoint_load_with with
+ * NULL options. */
 DG_API int dg_checkpoint_load(const char *path, dg_checkpoint *c, char *err, size_t errcap);
+
+/* ---- partial and renamed loads (torch's load_state_dict(strict=False)
+ * and a key map): a backbone into a bigger model, "model.layers.0.weight"
+ * into "layers.0.weight" ---- */
+
+typedef enum {
+  DG_CKPT_MISSING = 1,   /* in the model, not in the file */
+  DG_CKPT_UNEXPECTED = 2 /* in the file, not in the model */
+} dg_ckpt_diff;
+
+/* Options of dg_checkpoint_load_with; zeroed (or NULL) means
+ * dg_checkpoint_load. */
+typedef struct {
+  /* 0 (strict): a tensor of the model (parameter, buffer, optimizer state
+   * slice) the file lacks, or a tensor of the file the model lacks, is
+   * DG_ENOTFOUND naming the first one and the totals, and nothing is
+   * written. 1: those are skipped: missing tensors keep their values (and
+   * missing optimizer state its values), unexpected ones are not read.
+   * Either way a dtype or shape mismatch is refused (DG_EDTYPE, DG_ESHAPE)
+   * and the rest of the file is checked as by dg_checkpoint_load. */
+  int non_strict;
+  /* Renames each tensor name of the file before it is looked up in the
+   * model (for optimizer state, the parameter name after "optim.<state>.").
+   * First the prefix map: the first k whose rename_from[k] starts the name
+   * replaces that prefix with rename_to[k] ("model." -> "" strips a prefix,
+   * "" -> "backbone." adds one). Then rename, when set: it writes the
+   * model's name into out (cap bytes, terminated) and returns 1, returns 0
+   * to keep the name, or -1 to drop the tensor (not loaded, not reported).
+   * Names longer than 511 bytes after renaming are DG_EINVAL. */
+  int nrename;
+  const char *const *rename_from;
+  const char *const *rename_to;
+  int (*rename)(void *user, const char *name, char *out, size_t cap);
+  void *rename_user;
+  /* Called, before anything is written, for each missing tensor (its model
+   * name, "optim.<state>.<param>" for state) and each unexpected one (its
+   * name in the file); in strict loads too. May be NULL. */
+  void (*report)(void *user, dg_ckpt_diff what, const char *name);
+  void *report_user;
+  /* Out: how many tensors were missing and unexpected (set by every call
+   * that gets past the header). */
+  int nmissing, nunexpected;
+} dg_checkpoint_load_opts;
+
+/* dg_checkpoint_load with options (NULL: strict, no renames). The
+ * metadata rules (optimizer kind, RNG, loader position) are unchanged. */
+DG_API int dg_checkpoint_load_with(const char *path, dg_checkpoint *c,
+                                   dg_checkpoint_load_opts *opts, char *err, size_t errcap);
 
 /* Reads one metadata value of the file into val (cap bytes, terminated;
  * DG_EINVAL when it does not fit). DG_ENOTFOUND when the key is absent.

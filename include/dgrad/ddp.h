@@ -15,9 +15,11 @@
  *   dg_ddp_join(ddp);      // every rank, once, when its data runs out
  *
  * What happens. dg_ddp_new broadcasts the parameter values (the whole flat
- * value buffer, frozen parameters included) and opts->buffers from rank 0 and
- * checks that every rank has the same parameters (count, names, shapes,
- * dtypes, trainable flags) and the same DDP options; a mismatch fails every
+ * value buffer, frozen parameters included), the store's buffers
+ * (dg_params_add_buffer: BatchNorm's running statistics) and opts->buffers
+ * from rank 0 and checks that every rank has the same parameters (count,
+ * names, shapes, dtypes, trainable flags), the same store buffers (names,
+ * shapes) and the same DDP options; a mismatch fails every
  * rank with DG_EMISMATCH and a message (dg_ctx_errmsg(ctx)) naming the first
  * differing parameter and the two ranks.
  *
@@ -64,7 +66,8 @@
  * steps with zero gradients until every rank has joined, and the others
  * divide by the number of ranks still training, so nobody waits forever.
  * Every rank calls dg_ddp_join once, after its last step. When all have
- * joined, parameter values are broadcast from a rank that trained longest,
+ * joined, parameter values (and the store's buffers) are broadcast from a
+ * rank that trained longest,
  * so every rank ends with the same model (optimizer state is not synced).
  * opts.no_join = 1 drops the per-step count for groups known to be even;
  * dg_ddp_join then returns DG_ESTATE.
@@ -110,6 +113,7 @@
 #include "dgrad/common.h"
 #include "dgrad/data.h"
 #include "dgrad/dist.h"
+#include "dgrad/nn.h"
 #include "dgrad/optim.h"
 #include "dgrad/tensor.h"
 
@@ -223,7 +227,13 @@ DG_API int dg_ddp_flush(dg_ddp *ddp);
  * failure (message in dg_ddp_errmsg). */
 DG_API int dg_ddp_join(dg_ddp *ddp);
 
-/* Broadcasts opts->buffers from rank 0 again (collective). */
+/* Broadcasts the store's buffers and opts->buffers from rank 0 again
+ * (collective: every rank calls it at the same point). Plain BatchNorm
+ * under DDP updates each rank's running statistics from its own shard, so
+ * they drift apart: call this before evaluating or saving a checkpoint on
+ * every rank (or once per step, which is what torch's DDP does with
+ * broadcast_buffers=True, before each forward). SyncBatchNorm keeps them
+ * identical on every rank without it. */
 DG_API int dg_ddp_broadcast_buffers(dg_ddp *ddp);
 
 /* Last failure ("" when none). */
@@ -246,6 +256,32 @@ typedef struct {
 DG_API int dg_ddp_get_stats(const dg_ddp *ddp, dg_ddp_stats *out);
 /* Bucket k: parameter count, bytes (f32), first parameter's index. */
 DG_API int dg_ddp_bucket_info(const dg_ddp *ddp, int k, int *nparams, size_t *bytes, int *first);
+
+/* ---- SyncBatchNorm ----
+ *
+ * BatchNorm (nn.h: dg_nn_batchnorm1d / 2d, same parameters, buffers and
+ * train-mode rule) whose training statistics are those of the batch of the
+ * whole group pg, as torch.nn.SyncBatchNorm: each forward all-gathers every
+ * rank's per-channel count, mean and sum of squared deviations (f64) and
+ * combines them (ranks may have different batch sizes, but each at least
+ * one row: an empty batch on any rank fails every rank's forward with
+ * DG_EINVAL), and each backward all-reduces per channel sum(dy) and
+ * sum(dy * xhat), so the output and the input gradients are those of one
+ * BatchNorm over the concatenated batch. The weight and bias gradients are
+ * this rank's own sums (as torch): DDP's average completes them. The
+ * running statistics move with the group's mean and unbiased variance and
+ * are identical on every rank. In eval mode nothing is communicated.
+ * The collectives run on pg in call order: every rank must run the same
+ * SyncBatchNorm layers, in the same order and the same mode, forward and
+ * backward. pg may be DDP's group (its collectives stay in the same order
+ * on every rank) and must outlive the module; the module must outlive
+ * every backward through it. Type "SyncBatchNorm"; 1d takes (N, C) or
+ * (N, C, L), 2d (N, C, H, W). DG_EINVAL for a NULL pg or bad C, eps,
+ * momentum. */
+DG_API int dg_nn_sync_batchnorm1d(dg_module **out, int64_t C, float eps, float momentum,
+                                  dg_pg *pg);
+DG_API int dg_nn_sync_batchnorm2d(dg_module **out, int64_t C, float eps, float momentum,
+                                  dg_pg *pg);
 
 /* dg_loader_opts for this rank of pg: shuffle from `seed` per epoch, equal
  * shards of the dataset (drop_last 0: pad by wrapping around, as torch's

@@ -97,7 +97,9 @@ DG_API uint64_t dg_module_param_seed(uint64_t seed, const char *name);
 /* Train/eval mode for the tree, like torch's module.train()/eval(). Dropout
  * (the Dropout module and the dropout inside attention and transformer
  * blocks) is active only while both this flag and the ctx's mode
- * (dg_ctx_set_train) are on: either one turns it off. */
+ * (dg_ctx_set_train) are on: either one turns it off. BatchNorm likewise
+ * uses (and updates) batch statistics only while both are on, and its
+ * running statistics otherwise. */
 DG_API void dg_module_set_train(dg_module *m, int train);
 DG_API const char *dg_module_type(const dg_module *m);
 /* Frees what m holds: vt->destroy, then its children (dg_module_free on
@@ -108,6 +110,30 @@ DG_API void dg_module_release(dg_module *m);
  * from dg_module_new and the dg_nn_* constructors. NULL: no-op. */
 DG_API void dg_module_free(dg_module *m);
 
+/* ---- parameter counts and model summary ---- */
+
+/* Elements of the store's parameters (of its trainable ones when
+ * trainable_only); buffers are not parameters and not counted. 0 for NULL. */
+DG_API int64_t dg_params_numel(const dg_params *ps, int trainable_only);
+/* A table of the bound tree m (its parameters in ps) into buf (cap bytes,
+ * always terminated when cap > 0; buf may be NULL when cap is 0), one row
+ * per module, depth-first, indented by depth:
+ *   module       type        params  trainable  own parameters and buffers
+ *   layers       Sequential     618        618
+ *     layers.0   Linear         288        288  weight (32, 8), bias (32,)
+ *     layers.1   ReLU             0          0
+ * params / trainable count the module's subtree; own tensors are named
+ * relative to the module's path, "frozen" marks a frozen parameter and
+ * "buffer" a buffer (running statistics, not counted as parameters). Then
+ * a total line (parameters, tensors, trainable and frozen, buffers,
+ * modules) and, when the store holds parameters outside m, how many. A
+ * tensor belongs to the deepest module whose path prefixes its name.
+ * Returns the length of the whole table (as snprintf: it was cut when >=
+ * cap), DG_EINVAL for NULL m or ps, DG_ESTATE when m was never bound,
+ * DG_ENOMEM. */
+DG_API int dg_module_summary(const dg_module *m, const dg_params *ps, char *buf,
+                             size_t cap);
+
 /* ---- built-in modules ---- */
 
 DG_API int dg_nn_linear(dg_module **out, int64_t in, int64_t outf, int bias);
@@ -115,7 +141,14 @@ DG_API int dg_nn_linear(dg_module **out, int64_t in, int64_t outf, int bias);
 DG_API int dg_nn_conv2d(dg_module **out, int64_t cin, int64_t cout, int k, int stride, int pad,
                         int bias);
 DG_API int dg_nn_maxpool2d(dg_module **out, int k, int stride);
+/* AvgPool2d (dg_avgpool2d): window k, stride, no padding. DG_EINVAL unless
+ * k >= 1 and stride >= 1. */
+DG_API int dg_nn_avgpool2d(dg_module **out, int k, int stride);
+/* (N, C, H, W) -> (N, C), the mean of each plane (dg_global_avgpool2d). */
+DG_API int dg_nn_global_avgpool2d(dg_module **out);
 DG_API int dg_nn_relu(dg_module **out);
+/* LeakyReLU (dg_leaky_relu) with the given slope (torch's default 0.01). */
+DG_API int dg_nn_leaky_relu(dg_module **out, float slope);
 DG_API int dg_nn_gelu(dg_module **out);
 DG_API int dg_nn_tanh(dg_module **out);
 /* Active only in train mode (dg_module_set_train and dg_ctx_set_train). */
@@ -123,6 +156,29 @@ DG_API int dg_nn_dropout(dg_module **out, float p);
 /* (N, C, H, W) -> (N, C*H*W) */
 DG_API int dg_nn_flatten(dg_module **out);
 DG_API int dg_nn_layernorm(dg_module **out, int64_t dim, float eps);
+/* BatchNorm over channels (dg_batchnorm), torch's BatchNorm1d / BatchNorm2d
+ * with affine=True, track_running_stats=True (torch's defaults: eps 1e-5,
+ * momentum 0.1; momentum in [0, 1], eps >= 0, else DG_EINVAL). 1d takes
+ * (N, C) or (N, C, L), 2d (N, C, H, W). Bind registers the parameters
+ * "<prefix>.weight" (ones) and "<prefix>.bias" (zeros) and the store
+ * buffers (dg_params_add_buffer) "<prefix>.running_mean" (zeros) and
+ * "<prefix>.running_var" (ones); torch's num_batches_tracked is not kept
+ * (only momentum None reads it). Training, as for Dropout, needs both the
+ * module's flag (dg_module_set_train) and the ctx's mode (dg_ctx_set_train):
+ * then each forward normalises with its own batch's statistics and updates
+ * the running statistics once, whether or not grad mode is on; otherwise
+ * it normalises with the running statistics and changes nothing.
+ * Micro-batches: with gradient accumulation (several forwards and
+ * backwards, then one optimizer step; DDP's accum_steps, and a pipeline's
+ * micro-batches) each micro-batch is normalised with its own statistics
+ * and the running statistics move once per micro-batch, as in torch: M
+ * micro-batches are M momentum updates, not one update with the
+ * statistics of their union. The running statistics are written by the
+ * forward: forwards of one module on several threads at once are not
+ * supported. SyncBatchNorm (statistics over a process group):
+ * dg_nn_sync_batchnorm2d in ddp.h. */
+DG_API int dg_nn_batchnorm1d(dg_module **out, int64_t C, float eps, float momentum);
+DG_API int dg_nn_batchnorm2d(dg_module **out, int64_t C, float eps, float momentum);
 /* Token ids (B, T) i32/i64 -> (B, T, dim). */
 DG_API int dg_nn_embedding(dg_module **out, int64_t vocab, int64_t dim);
 /* Multi-head causal self-attention, (B, T, C) -> (B, T, C); C % heads == 0. */

@@ -49,6 +49,22 @@ DG_API dg_tensor *dg_mean(dg_ctx *ctx, dg_tensor *x); /* -> () */
 DG_API dg_tensor *dg_sum_dim(dg_ctx *ctx, dg_tensor *x, int dim, int keepdim);
 DG_API dg_tensor *dg_mean_dim(dg_ctx *ctx, dg_tensor *x, int dim, int keepdim);
 
+/* ---- arg-reductions and metrics (no gradient) ---- */
+/* Index of the maximum of f32 x along dim (negative counts from the end)
+ * -> i64 tensor of x's shape without dim (size 1 with keepdim). Ties: the
+ * first index; a NaN wins (the first one), as torch.argmax. The result has
+ * no gradient. DG_EINVAL for a dim out of range, DG_ESHAPE when dim is
+ * empty (torch refuses it too). */
+DG_API dg_tensor *dg_argmax(dg_ctx *ctx, dg_tensor *x, int dim, int keepdim);
+/* Counts the rows whose argmax over the last dim equals the target:
+ * logits (..., C) f32, targets (...) i32 or i64 -> *correct in [0, numel of
+ * targets] (0 for no rows). Returns DG_OK, or an error code with the detail
+ * in dg_ctx_errmsg(ctx) naming both shapes: DG_ESHAPE for mismatched
+ * shapes, DG_EDTYPE for targets not i32/i64, DG_EINVAL for a target
+ * outside [0, C) (naming it and its row) or a NULL argument; *correct is
+ * then 0. No tape node. */
+DG_API int dg_accuracy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets, int64_t *correct);
+
 /* ---- element-wise unary ---- */
 DG_API dg_tensor *dg_relu(dg_ctx *ctx, dg_tensor *x);
 DG_API dg_tensor *dg_gelu(dg_ctx *ctx, dg_tensor *x); /* tanh approximation */
@@ -56,6 +72,9 @@ DG_API dg_tensor *dg_tanh(dg_ctx *ctx, dg_tensor *x);
 DG_API dg_tensor *dg_sigmoid(dg_ctx *ctx, dg_tensor *x);
 DG_API dg_tensor *dg_exp(dg_ctx *ctx, dg_tensor *x);
 DG_API dg_tensor *dg_log(dg_ctx *ctx, dg_tensor *x);
+/* x > 0 ? x : slope * x (torch.nn.functional.leaky_relu; torch's default
+ * slope is 0.01). The gradient at 0 is slope, as torch's. */
+DG_API dg_tensor *dg_leaky_relu(dg_ctx *ctx, dg_tensor *x, float slope);
 
 /* ---- softmax family and losses ---- */
 DG_API dg_tensor *dg_softmax(dg_ctx *ctx, dg_tensor *x);     /* over the last dim */
@@ -68,6 +87,20 @@ DG_API dg_tensor *dg_mse(dg_ctx *ctx, dg_tensor *pred, dg_tensor *target); /* ->
 /* ---- normalisation, embedding, dropout, masking ---- */
 /* Over the last dim; w, b (C) may be NULL. */
 DG_API dg_tensor *dg_layernorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b, float eps);
+/* Batch normalisation over dim 1, as torch.nn.functional.batch_norm:
+ * x (N, C), (N, C, L) or (N, C, H, W); w, b (C) may be NULL; running_mean
+ * and running_var (C), contiguous, both or neither. train != 0: normalises
+ * each channel with the batch's mean and biased variance (over N and the
+ * dims after C; more than one value per channel, else DG_ESHAPE) and, when
+ * given, updates the running statistics in place:
+ *   running = (1 - momentum) running + momentum batch
+ * (the unbiased variance for running_var; an empty batch changes nothing).
+ * train == 0: normalises with the running statistics (required). Gradients
+ * reach x, w, b, not the running statistics. momentum in [0, 1] (torch's
+ * None, a cumulative average, is not offered); eps >= 0. */
+DG_API dg_tensor *dg_batchnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b,
+                               dg_tensor *running_mean, dg_tensor *running_var, int train,
+                               float momentum, float eps);
 /* weight (V, D), idx any shape (i32/i64) -> idx.shape + (D). */
 DG_API dg_tensor *dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *idx);
 /* Inverted dropout with probability p; identity in eval mode. */
@@ -81,6 +114,14 @@ DG_API dg_tensor *dg_conv2d(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *
                             int stride, int pad);
 /* x (N, C, H, W) -> (N, C, OH, OW), window k, stride s. */
 DG_API dg_tensor *dg_maxpool2d(dg_ctx *ctx, dg_tensor *x, int k, int s);
+/* Window means: x (N, C, H, W) -> (N, C, OH, OW), OH = (H - k) / s + 1
+ * (likewise OW), no padding: torch's avg_pool2d(x, k, s) with ceil_mode
+ * False. DG_ESHAPE unless x is 4-d, k >= 1, s >= 1, k <= H and k <= W. */
+DG_API dg_tensor *dg_avgpool2d(dg_ctx *ctx, dg_tensor *x, int k, int s);
+/* Mean of each plane: x (N, C, H, W) -> (N, C), torch's
+ * adaptive_avg_pool2d(x, 1).flatten(1). H or W = 0 gives NaN, as torch.
+ * DG_ESHAPE unless x is 4-d. */
+DG_API dg_tensor *dg_global_avgpool2d(dg_ctx *ctx, dg_tensor *x);
 
 /* ---- concat / split ---- */
 DG_API dg_tensor *dg_concat(dg_ctx *ctx, int n, dg_tensor *const *xs, int dim);

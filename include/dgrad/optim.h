@@ -3,9 +3,10 @@
  *
  * Optimizers update a dg_params store in place: they read the flat gradient
  * buffer and write the flat value buffer. Element-wise updates run as one
- * loop over each run of consecutive trainable parameters; LAMB and LARS work
- * per parameter (trust ratios). Frozen parameters (dg_params_trainable == 0)
- * are skipped and their state is left untouched.
+ * loop over each run of consecutive trainable parameters with the same group
+ * settings (dg_optim_set_group); LAMB and LARS work per parameter (trust
+ * ratios). Frozen parameters (dg_params_trainable == 0) are skipped and their
+ * state is left untouched.
  *
  * Ownership. An optimizer borrows its store: the store must outlive it and
  * must not gain parameters after the optimizer is created (dg_optim_step then
@@ -67,8 +68,9 @@ typedef struct {
  * Norms in double. State "exp_avg", "exp_avg_sq". */
 typedef dg_adamw_opts dg_lamb_opts;
 
-/* Decides whether parameter `index` (name, tensor) is excluded from LARS
- * adaptation and weight decay: return nonzero to exclude. */
+/* Decides whether parameter `index` (name, tensor) is selected: excluded
+ * from LARS adaptation and weight decay (dg_lars_opts.exclude), or a member
+ * of a parameter group (dg_optim_set_group). Return nonzero to select. */
 typedef int (*dg_param_filter_fn)(void *user, int index, const char *name,
                                   const dg_tensor *param);
 
@@ -123,8 +125,64 @@ DG_API const char *dg_optim_errmsg(const dg_optim *o);
  * (so the first step uses t = 1). No heap allocation. The step count is one
  * per optimizer, not per parameter as in torch: a parameter unfrozen after
  * some steps gets the global t in its bias corrections, and SGD's "first
- * step" (momentum buffer = d) is step 1 of the optimizer. */
+ * step" (momentum buffer = d) is step 1 of the optimizer.
+ * A step before any backward is refused: when no trainable parameter of the
+ * store has a gradient since dg_params_zero_grad (or since it was added),
+ * it returns DG_ESTATE ("step before any backward") and changes nothing
+ * (no step counted, no weight decay). When some have one, the others read
+ * as zero (torch 1.13's zero_grad() default). A gradient counts once
+ * backward reached (or passed) its parameter, or once it was read or written
+ * through dg_params_grad / dg_tensor_grad. */
 DG_API int dg_optim_step(dg_optim *o);
+
+/* ---- parameter groups (torch's param_groups) ----
+ *
+ * dg_optim_set_group gives the parameters `select` accepts their own weight
+ * decay and a learning-rate multiplier: their lr is dg_optim_lr(o) *
+ * lr_scale, so a schedule (dg_optim_set_lr) scales every group alike, as
+ * torch's schedulers scale each group's lr. Every other hyperparameter
+ * (momentum, betas, eps, trust_coef, LARS exclusions) stays the
+ * optimizer's. Parameters no call selected keep the constructor's options
+ * (the default group). Calls apply in order: a later call that selects a
+ * parameter again moves it to the later group. `select` is called once per
+ * parameter of the store (frozen ones too), now; NULL selects all. The
+ * result equals torch with the corresponding param_groups, e.g. for AdamW
+ *   dg_optim_set_group(o, dg_param_filter_1d, NULL, 0.0f, 1.0f);
+ * is [{"params": <ndim >= 2>}, {"params": <ndim <= 1>, "weight_decay": 0}]
+ * (no decay on biases and norm weights), and
+ *   static const char *const bb[] = {"backbone.", NULL};
+ *   dg_optim_set_group(o, dg_param_filter_prefix, (void *)bb, wd, 0.1f);
+ * trains a backbone at a tenth of the lr. Per kind: SGD and AdamW use the
+ * group's weight_decay and lr in torch's formulas (above); LAMB in r and the
+ * update; LARS in the local trust ratio, the decay term and the update of
+ * its non-excluded parameters (excluded ones take no decay, the group's lr).
+ * Groups are configuration, not state: checkpoints do not save them (nor
+ * does dg_optim_state_get show them); set them again when rebuilding the
+ * optimizer, before or after dg_checkpoint_load. A pending DDP update lands
+ * first (under the settings of its step).
+ * Returns the number of parameters selected (0 is not an error: a model
+ * without biases), DG_EINVAL for a negative or non-finite weight_decay or
+ * lr_scale, DG_ESTATE when the store changed after the optimizer was
+ * created, DG_ENOMEM. Not thread-safe; call it between steps. */
+DG_API int dg_optim_set_group(dg_optim *o, dg_param_filter_fn select, void *user,
+                              float weight_decay, float lr_scale);
+/* The group of parameter i (0: the default group; k: the k-th
+ * dg_optim_set_group call), and its lr and weight decay at the current
+ * dg_optim_lr (either pointer may be NULL). DG_EINVAL for i out of range. */
+DG_API int dg_optim_param_group(const dg_optim *o, int i, float *lr, float *weight_decay);
+
+/* Ready-made selectors for dg_optim_set_group (and LARS's exclude):
+ *   dg_param_filter_1d      ndim <= 1: biases, LayerNorm/BatchNorm weights;
+ *                           user ignored
+ *   dg_param_filter_prefix  the name starts with one of `user`, a
+ *                           NULL-terminated array of strings
+ *                           (const char *const[])
+ *   dg_param_filter_suffix  the name ends with one of `user` (the same) */
+DG_API int dg_param_filter_1d(void *user, int index, const char *name, const dg_tensor *param);
+DG_API int dg_param_filter_prefix(void *user, int index, const char *name,
+                                  const dg_tensor *param);
+DG_API int dg_param_filter_suffix(void *user, int index, const char *name,
+                                  const dg_tensor *param);
 
 /* Fuses the step into backward on `ctx` (SGD and AdamW): each parameter is
  * updated from its grad-ready hook, the moment its gradient is final, with

@@ -190,6 +190,31 @@ DG_API int dg_params_relayout(dg_params *ps, const int *order);
 DG_API int dg_params_add_companion(dg_params *ps, float *buf);
 DG_API int dg_params_remove_companion(dg_params *ps, float *buf);
 
+/* ---- buffers: persistent state that is not a parameter (torch's buffers,
+ * e.g. BatchNorm's running statistics) ---- */
+
+/* Registers an f32 buffer named `name`; values start at zero. Buffers share
+ * the parameters' names (a name taken by either is refused, DG_EINVAL) and
+ * nothing else: no gradient, not counted by dg_params_count nor returned by
+ * dg_params_get / dg_params_find, never touched by optimizers, gradient
+ * clipping or DDP's buckets. Checkpoints save and load them under their
+ * names (after the parameters); DDP broadcasts them from rank 0
+ * (dg_ddp_new, dg_ddp_broadcast_buffers). dg_tensor_name gives the name;
+ * dg_tensor_param_index is -1. They live in a flat buffer of their own, in
+ * registration order; the returned tensor is owned by the store, its
+ * address stays valid, its data pointer may move while buffers are added.
+ * Like parameters, they are added before DDP wraps the store (else
+ * DG_ESTATE where DDP holds its gradients). Values are f32 only (torch's
+ * integer num_batches_tracked has no counterpart). */
+DG_API int dg_params_add_buffer(dg_params *ps, const char *name, int ndim, const int64_t *shape,
+                                dg_tensor **out);
+DG_API int dg_params_buffer_count(const dg_params *ps);
+DG_API dg_tensor *dg_params_buffer_get(const dg_params *ps, int i);
+DG_API dg_tensor *dg_params_buffer_find(const dg_params *ps, const char *name);
+/* The flat buffer: n floats (alignment padding between buffers included,
+ * always zero). */
+DG_API float *dg_params_buffer_data(dg_params *ps, size_t *n);
+
 /* ---- memory statistics per device (caching allocator) ---- */
 
 typedef struct {

@@ -98,7 +98,8 @@ static const char *const op_names[] = {
     "mean", "sum_dim", "mean_dim", "relu", "gelu", "tanh", "sigmoid", "exp", "log",
     "softmax", "log_softmax", "cross_entropy", "mse", "layernorm", "embedding", "dropout",
     "causal_mask", "conv2d", "maxpool2d", "concat", "split", "attention", "mlp_gelu",
-    "mlp_gelu_add", "to_dtype", NULL};
+    "mlp_gelu_add", "to_dtype", "leaky_relu", "avgpool2d", "global_avgpool2d",
+    "batchnorm", NULL};
 
 enum {
   OP_RESHAPE, OP_SLICE, OP_TRANSPOSE, OP_PERMUTE, OP_CONTIGUOUS, OP_MATMUL, OP_MATMUL_T,
@@ -106,7 +107,8 @@ enum {
   OP_MEAN, OP_SUM_DIM, OP_MEAN_DIM, OP_RELU, OP_GELU, OP_TANH, OP_SIGMOID, OP_EXP, OP_LOG,
   OP_SOFTMAX, OP_LOG_SOFTMAX, OP_CROSS_ENTROPY, OP_MSE, OP_LAYERNORM, OP_EMBEDDING,
   OP_DROPOUT, OP_CAUSAL_MASK, OP_CONV2D, OP_MAXPOOL2D, OP_CONCAT, OP_SPLIT, OP_ATTENTION,
-  OP_MLP_GELU, OP_MLP_GELU_ADD, OP_TO_DTYPE
+  OP_MLP_GELU, OP_MLP_GELU_ADD, OP_TO_DTYPE, OP_LEAKY_RELU, OP_AVGPOOL2D, OP_GLOBAL_AVGPOOL2D,
+  OP_BATCHNORM
 };
 
 /* ---- parsing ---- */
@@ -438,6 +440,12 @@ static dg_tensor *run_nn(run_t *r, const op_t *o) {
   case OP_CAUSAL_MASK: return dg_causal_mask(c, x);
   case OP_CONV2D: return dg_conv2d(c, x, in_t(r, o, 1), in_t(r, o, 2), (int)o->a[0], (int)o->a[1]);
   case OP_MAXPOOL2D: return dg_maxpool2d(c, x, (int)o->a[0], (int)o->a[1]);
+  case OP_AVGPOOL2D: return dg_avgpool2d(c, x, (int)o->a[0], (int)o->a[1]);
+  case OP_GLOBAL_AVGPOOL2D: return dg_global_avgpool2d(c, x);
+  case OP_LEAKY_RELU: return dg_leaky_relu(c, x, (float)o->a[0]);
+  case OP_BATCHNORM: /* a: train, eps; running statistics (eval) are data leaves */
+    return dg_batchnorm(c, x, in_t(r, o, 1), in_t(r, o, 2), in_t(r, o, 3), in_t(r, o, 4),
+                        (int)o->a[0], 0.1f, (float)o->a[1]);
   case OP_CONCAT:
     for (int k = 0; k < o->nin; k++) xs[k] = in_t(r, o, k);
     return dg_concat(c, o->nin, xs, (int)o->a[0]);

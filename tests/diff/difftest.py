@@ -45,7 +45,7 @@ own gradients of step s. So every forward, backward and update is compared on
 identical inputs, and Adam/LAMB/LARS, which normalise tiny gradients to full
 steps, cannot amplify rounding over the steps into a spurious failure.
 Kinks are not compared across precisions: a program is skipped as fragile
-(and counted) when a relu input, a maxpool window's top two values, an
+(and counted) when a (leaky) relu input, a maxpool window's top two values, an
 f16/bf16 rounding point, a LARS/LAMB norm tested against 0 or the clip
 threshold lies within rounding of its kink (judged from the f64/f32 drift),
 or when PyTorch's f32 run overflows where f64 does not.
@@ -210,7 +210,7 @@ def t_apply(op, xs, wd, mask=None, kinks=None):
     dict, receives the inputs of decisions that may flip between precisions."""
     n, a = op.name, op.attrs
     x = xs[0] if xs else None
-    if kinks is not None and (n in ("relu", "maxpool2d") or (n == "to_dtype" and a[0] in (F16, BF16))):
+    if kinks is not None and (n in ("relu", "leaky_relu", "maxpool2d") or (n == "to_dtype" and a[0] in (F16, BF16))):
         kinks[n] = x.detach().double().clone()
     if n == "reshape":
         return [x.reshape([int(v) for v in a[1:1 + int(a[0])]])]
@@ -259,6 +259,8 @@ def t_apply(op, xs, wd, mask=None, kinks=None):
         return [F.mse_loss(x, xs[1])]
     if n == "layernorm":
         return [F.layer_norm(x, (x.shape[-1],), xs[1], xs[2], a[0])]
+    if n == "batchnorm":  # train: batch statistics, no running ones; eval: running (data leaves)
+        return [F.batch_norm(x, xs[3], xs[4], xs[1], xs[2], training=bool(a[0]), eps=a[1])]
     if n == "embedding":
         return [F.embedding(xs[1].long(), x)]
     if n == "dropout":
@@ -272,6 +274,12 @@ def t_apply(op, xs, wd, mask=None, kinks=None):
         return [F.conv2d(x, xs[1], xs[2], stride=int(a[0]), padding=int(a[1]))]
     if n == "maxpool2d":
         return [F.max_pool2d(x, int(a[0]), int(a[1]))]
+    if n == "avgpool2d":
+        return [F.avg_pool2d(x, int(a[0]), int(a[1]))]
+    if n == "global_avgpool2d":
+        return [F.adaptive_avg_pool2d(x, 1).flatten(1)]
+    if n == "leaky_relu":
+        return [F.leaky_relu(x, a[0])]
     if n == "concat":
         return [torch.cat(xs, int(a[0]))]
     if n == "split":
@@ -646,7 +654,7 @@ def kink_fragile(k64, k32):
         if not math.isfinite(dev):
             return True
         thr = 1e-5 * float(x64.abs().max()) + 32 * dev
-        if name in ("relu", "norm"):  # a sign / a zero test
+        if name in ("relu", "leaky_relu", "norm"):  # a sign / a zero test
             if bool((((x64 > 0) != (x32 > 0)) | ((x64 != 0) & (x64.abs() < thr))).any()):
                 return True
         elif name == "maxpool2d":
@@ -816,7 +824,7 @@ def static_fragile(name, xs, a):
     if x is None or x.numel() == 0:
         return False
     scale = float(x.abs().max())
-    if name == "relu":
+    if name in ("relu", "leaky_relu"):
         return bool(((x != 0) & (x.abs() < 1e-4 * scale)).any())
     if name == "maxpool2d":
         return maxpool_fragile(x, x, int(a[0]), int(a[1]), 1e-4 * scale)
@@ -889,6 +897,8 @@ class Gen:
             v = g.randint(-2, 3, n)
         elif style == "d":  # few distinct values: ties
             v = g.choice([-1.0, 0.5, 2.0], n)
+        elif style == "var":  # a variance
+            v = g.uniform(0.25, 2, n)
         elif style == "pos":  # safe denominators
             v = g.uniform(0.5, 2, n) * g.choice([-1, 1], n)
         else:
@@ -1241,6 +1251,21 @@ class Gen:
         eps = f32(self.r.choice([1e-5, 1e-3, 0.1]))
         return self.emit("layernorm", [x, wb(), wb()], [eps])
 
+    def g_batchnorm(self):
+        x = self.pick(lambda t: 2 <= t.nd <= 4 and t.fixed(1) and t.dim(1) > 0,
+                      lambda: self.leaf(self.rshapes(self.r.randint(2, 4), zero=False)))
+        t = self.T[x]
+        C = t.dim(1)
+
+        def wb():
+            return None if self.r.random() < 0.25 else self.pick(
+                lambda u: u.nd == 1 and u.allfixed() and u.dim(0) == C, lambda: self.leaf((C,)), 0.6)
+        train = int(self.r.random() < 0.7)  # running statistics only in eval: train updates them
+        rm = None if train else self.leaf((C,), kind="data")
+        rv = None if train else self.leaf((C,), kind="data", style="var")
+        eps = f32(self.r.choice([1e-5, 1e-3, 0.1]))
+        return self.emit("batchnorm", [x, wb(), wb(), rm, rv], [train, eps])
+
     def g_embedding(self):
         w = self.pick(lambda t: t.nd == 2 and t.allfixed() and t.dim(0) > 0,
                       lambda: self.leaf((self.rdim(zero=False), self.rdim())), 0.6)
@@ -1298,6 +1323,18 @@ class Gen:
         H, W = self.T[x].dim(2), self.T[x].dim(3)
         k = self.r.randint(1, min(3, H, W))
         return self.emit("maxpool2d", [x], [k, self.r.randint(1, 3)])
+
+    def g_avgpool(self):
+        x = self.image()
+        if self.r.random() < 0.3:
+            return self.emit("global_avgpool2d", [x])
+        H, W = self.T[x].dim(2), self.T[x].dim(3)
+        k = self.r.randint(1, min(3, H, W))
+        return self.emit("avgpool2d", [x], [k, self.r.randint(1, 3)])
+
+    def g_leaky_relu(self):
+        slope = f32(self.r.choice([0.01, 0.2, -0.5, 1.5]))
+        return self.emit("leaky_relu", [self.any_x()], [slope])
 
     def g_concat(self):
         x = self.any_x(lambda nd: nd >= 1)
@@ -1378,7 +1415,8 @@ class Gen:
             ("g_cross_entropy", 1), ("g_mse", 1), ("g_layernorm", 2), ("g_embedding", 1),
             ("g_dropout", 1), ("g_causal", 1), ("g_conv2d", 2), ("g_maxpool", 1),
             ("g_concat", 2), ("g_split", 1), ("g_attention", 2), ("g_mlp", 2), ("g_mlp_add", 2),
-            ("g_to_dtype", 1)]
+            ("g_to_dtype", 1), ("g_avgpool", 1), ("g_leaky_relu", 1),
+            ("g_batchnorm", 2)]
 
     def g_linear_add(self):
         return self.g_linear(add=True)

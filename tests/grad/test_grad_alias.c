@@ -98,6 +98,12 @@ static dg_tensor *c_layernorm(dg_ctx *c, dg_tensor *const *s, const int *a) {
   (void)a;
   return dg_layernorm(c, s[0], s[1], s[2], 1e-5f);
 }
+/* a[0]: train; eval normalises with running statistics made here */
+static dg_tensor *c_batchnorm(dg_ctx *c, dg_tensor *const *s, const int *a) {
+  int64_t C = dg_tensor_dim(s[0], 1);
+  dg_tensor *rm = dg_full(c, 1, &C, 0.25f), *rv = dg_full(c, 1, &C, 1.5f);
+  return dg_batchnorm(c, s[0], s[1], s[2], rm, rv, a[0], 0.1f, 1e-5f);
+}
 static dg_tensor *c_conv2d(dg_ctx *c, dg_tensor *const *s, const int *a) {
   return dg_conv2d(c, s[0], s[1], s[2], a[0], a[1]);
 }
@@ -126,6 +132,7 @@ static const op_desc LINEAR = {"linear", c_linear, 3, {"x", "w", "b"}};
 static const op_desc LINEAR_ADD = {"linear_add", c_linear_add, 4, {"x", "w", "b", "res"}};
 static const op_desc MSE = {"mse", c_mse, 2, {"pred", "target"}};
 static const op_desc LAYERNORM = {"layernorm", c_layernorm, 3, {"x", "w", "b"}};
+static const op_desc BATCHNORM = {"batchnorm", c_batchnorm, 3, {"x", "w", "b"}};
 static const op_desc CONV2D = {"conv2d", c_conv2d, 3, {"x", "w", "b"}};
 static const op_desc CONCAT = {"concat", c_concat, 2, {"x0", "x1"}};
 static const op_desc MLP = {"mlp_gelu", c_mlp, 5, {"x", "w1", "b1", "w2", "b2"}};
@@ -171,6 +178,8 @@ static const alias_case cases[] = {
     {&LAYERNORM, "5 5 -", {0}, T2(0, 1), -2, 2},
     {&LAYERNORM, "5 - 5", {0}, T2(0, 2), -2, 2},
     {&LAYERNORM, "3x5 5 5", {0}, T2(1, 2), -2, 2},
+    {&BATCHNORM, "4x3x2 3 3", {1}, T2(1, 2), -2, 2}, /* weight = bias */
+    {&BATCHNORM, "4x3x2 3 3", {0}, T2(1, 2), -2, 2},
     {&CONV2D, "2x2x3x3 2x2x3x3 -", {1, 1}, T2(0, 1), -1, 1},
     {&CONV2D, "2x2x3x3 2x2x3x3 2", {1, 0}, T2(0, 1), -1, 1},
     {&CONV2D, "2x2x3x3 2x2x3x3 2", {2, 1}, T2(0, 1), -1, 1},

@@ -57,6 +57,9 @@ static dg_tensor *f_conv_pw(dg_ctx *c, dg_tensor **in) { /* 1x1: x[n] is its own
   return dg_conv2d(c, in[0], in[1], in[2], 1, 0);
 }
 static dg_tensor *f_pool(dg_ctx *c, dg_tensor **in) { return dg_maxpool2d(c, in[0], 2, 2); }
+static dg_tensor *f_avgpool(dg_ctx *c, dg_tensor **in) { return dg_avgpool2d(c, in[0], 3, 2); }
+static dg_tensor *f_gap(dg_ctx *c, dg_tensor **in) { return dg_global_avgpool2d(c, in[0]); }
+static dg_tensor *f_leaky(dg_ctx *c, dg_tensor **in) { return dg_leaky_relu(c, in[0], 0.1f); }
 static dg_tensor *f_ce(dg_ctx *c, dg_tensor **in) {
   int64_t N = dg_tensor_shape(in[0])[0], C = dg_tensor_shape(in[0])[1];
   int64_t *t = malloc((size_t)N * sizeof *t);
@@ -88,6 +91,9 @@ static const op_case cases[] = {
     {"conv2d 3x3", f_conv, 3, {4, 4, 1}, {{8, 16, 20, 20}, {32, 16, 3, 3}, {32}}, -1, 1},
     {"conv2d 1x1", f_conv_pw, 3, {4, 4, 1}, {{6, 16, 20, 20}, {24, 16, 1, 1}, {24}}, -1, 1},
     {"maxpool2d", f_pool, 1, {4}, {{8, 32, 28, 28}}, -1, 1},
+    {"avgpool2d 3/2", f_avgpool, 1, {4}, {{8, 32, 28, 28}}, -1, 1},
+    {"global_avgpool2d", f_gap, 1, {4}, {{8, 32, 28, 28}}, -1, 1},
+    {"leaky_relu", f_leaky, 1, {2}, {{512, 400}}, -2, 2},
     {"cross_entropy", f_ce, 1, {2}, {{2048, 114}}, -5, 5},
 };
 

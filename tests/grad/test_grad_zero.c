@@ -1,6 +1,8 @@
 /* Zero-size and overflow sweep.
  *
- * Every op of ops.h, with each size variable of its inputs set to 0 in turn
+ * Every op of ops.h (but argmax and accuracy, which have no gradient: their
+ * empty cases are in tests/nn/test_layers2.c), with each size variable of
+ * its inputs set to 0 in turn
  * (the inputs' shapes are written in variables, so "K = 0" empties both
  * operands of a matmul consistently), forward and backward of
  * loss = sum(out * c), against the mathematically right answer: the output
@@ -167,11 +169,15 @@ BIN(log_softmax, dg_log_softmax(c, in[0]))
 BIN(cross_entropy, dg_cross_entropy(c, in[0], in[1]))
 BIN(mse, dg_mse(c, in[0], in[1]))
 BIN(layernorm, dg_layernorm(c, in[0], in[1], in[2], 1e-5f))
+BIN(batchnorm, dg_batchnorm(c, in[0], in[1], in[2], NULL, NULL, 1, 0.1f, 1e-5f))
 BIN(embedding, dg_embedding(c, in[0], in[1]))
 BIN(dropout, dg_dropout(c, in[0], 0.5f))
 BIN(causal_mask, dg_causal_mask(c, in[0]))
 BIN(conv2d, dg_conv2d(c, in[0], in[1], in[2], zc->attr[0], zc->attr[1]))
 BIN(maxpool2d, dg_maxpool2d(c, in[0], 2, 2))
+BIN(avgpool2d, dg_avgpool2d(c, in[0], 2, 2))
+BIN(global_avgpool2d, dg_global_avgpool2d(c, in[0]))
+BIN(leaky_relu, dg_leaky_relu(c, in[0], 0.1f))
 BIN(concat, dg_concat(c, 2, in, zc->attr[0]))
 BIN(attention, dg_attention(c, in[0], zc->attr[0], zc->attr[1], 0.5f))
 BIN(mlp, ninputs(zc) > 5 ? dg_mlp_gelu_add(c, in[0], in[1], in[2], in[3], in[4], in[5])
@@ -332,6 +338,24 @@ static void ex_conv(const zcase *zc, dg_tensor **in, dg_tensor *out, const float
           e->val[yi] = y;
           if (b) e->grad[2][o] += c[yi];
         }
+}
+
+/* global_avgpool2d: x (N, C, H, W) -> (N, C) plane means; no elements: NaN */
+static void ex_gap(const zcase *zc, dg_tensor **in, dg_tensor *out, const float *c,
+                   expect_t *e) {
+  (void)zc;
+  int64_t P = D(in[0], 2) * D(in[0], 3), planes = dg_tensor_numel(out);
+  const float *x = F(in[0]);
+  e->val = dzeros(planes);
+  e->grad[0] = dzeros(planes * P);
+  for (int64_t p = 0; p < planes; p++) {
+    double s = 0;
+    for (int64_t i = 0; i < P; i++) {
+      s += x[p * P + i];
+      e->grad[0][p * P + i] = c[p] / (double)P;
+    }
+    e->val[p] = P ? s / (double)P : NAN;
+  }
 }
 
 /* concat of two 2-d inputs along attr[0] */
@@ -682,6 +706,7 @@ static const zcase cases[] = {
     {"sigmoid", z_sigmoid, "AB", {3, 4}, "AxB", "d", "AxB", NULL, "", ""},
     {"exp", z_exp, "AB", {3, 4}, "AxB", "d", "AxB", NULL, "", ""},
     {"log", z_log, "AB", {3, 4}, "AxB", "d", "AxB", NULL, "", "", {0}, 0, 0.5f, 2},
+    {"leaky_relu", z_leaky_relu, "AB", {3, 4}, "AxB", "d", "AxB", NULL, "", ""},
     {"softmax", z_softmax, "AB", {3, 4}, "AxB", "d", "AxB", NULL, "", ""},
     {"log_softmax", z_log_softmax, "AB", {3, 4}, "AxB", "d", "AxB", NULL, "", ""},
     /* losses: mean over no rows is NaN; C = 0 leaves every target out of range */
@@ -691,6 +716,9 @@ static const zcase cases[] = {
     /* normalisation, embedding, dropout, mask */
     {"layernorm", z_layernorm, "RC", {3, 4}, "RxC C C", "dpp", "RxC", NULL, "", ""},
     {"layernorm no affine", z_layernorm, "RC", {3, 4}, "RxC - -", "d--", "RxC", NULL, "", ""},
+    /* training: no rows (N or H = 0) is an empty output and no update */
+    {"batchnorm", z_batchnorm, "NCHW", {3, 2, 2, 3}, "NxCxHxW C C", "dpp", "NxCxHxW", NULL, "",
+     ""},
     {"embedding", z_embedding, "VDN", {5, 3, 4}, "VxD N", "pi", "NxD", NULL, "", "V"},
     {"embedding 2-d idx", z_embedding, "VDAB", {5, 3, 2, 3}, "VxD AxB", "pi", "AxBxD", NULL, "",
      "V"},
@@ -705,6 +733,12 @@ static const zcase cases[] = {
      "NxOxHxW", ex_conv, "HWO", "", {1, 0}},
     {"maxpool2d 2/2", z_maxpool2d, "NCHW", {2, 3, 4, 4}, "NxCxHxW", "d", "NxCxH/2xW/2", NULL,
      "CHW", ""},
+    /* avgpool2d: H or W below the window is refused (torch too); global
+     * average pooling of no elements is NaN, as torch's adaptive pool */
+    {"avgpool2d 2/2", z_avgpool2d, "NCHW", {2, 3, 4, 4}, "NxCxHxW", "d", "NxCxH/2xW/2", NULL,
+     "HW", ""},
+    {"global_avgpool2d", z_global_avgpool2d, "NCHW", {2, 3, 4, 5}, "NxCxHxW", "d", "NxC", ex_gap,
+     "", ""},
     /* concat, split */
     {"concat dim 0", z_concat, "ABC", {2, 3, 4}, "AxC BxC", "dd", "A+BxC", ex_concat, "", ""},
     {"concat dim 1", z_concat, "ABC", {2, 3, 4}, "CxA CxB", "dd", "CxA+B", ex_concat, "", "", {1}},

@@ -165,6 +165,23 @@ class Regressor(nn.Module):
         return self.fc2(torch.tanh(self.fc1(x)))
 
 
+class PoolNet(nn.Module):
+    """(N,2,11,10) -> conv 2->4 3x3 p1 -> leaky_relu 0.1 -> avgpool 3 s2 -> (N,4,5,4)
+    -> conv 4->6 3x3 p1 -> leaky_relu 0.01 -> avgpool 2 s1 -> (N,6,4,3)
+    -> global average pool -> (N,6) -> linear 5."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 4, 3, stride=1, padding=1)
+        self.conv2 = nn.Conv2d(4, 6, 3, stride=1, padding=1)
+        self.fc = nn.Linear(6, 5)
+
+    def forward(self, x):
+        x = F.avg_pool2d(F.leaky_relu(self.conv1(x), 0.1), 3, 2)
+        x = F.avg_pool2d(F.leaky_relu(self.conv2(x), 0.01), 2, 1)
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
 def perturb_layernorms(model):
     # Default LayerNorm is w = 1, b = 0, which would hide a kernel that ignores
     # or swaps them; move them off those values.
@@ -219,7 +236,18 @@ def case_mse():
                 loss=lambda out, ins: F.mse_loss(out, ins["target"]))
 
 
-CASES = [("mlp", case_mlp), ("conv", case_conv), ("gpt", case_gpt), ("mse", case_mse)]
+def case_pool():
+    torch.manual_seed(1005)
+    model = PoolNet()
+    x = torch.randn(4, 2, 11, 10)
+    y = torch.randint(0, 5, (4,))
+    return dict(model=model, inputs=[("x", x, True), ("targets", y, False)],
+                forward=lambda m, ins: m(ins["x"]), out_name="logits",
+                loss=lambda out, ins: F.cross_entropy(out, ins["targets"]))
+
+
+CASES = [("mlp", case_mlp), ("conv", case_conv), ("gpt", case_gpt), ("mse", case_mse),
+         ("pool", case_pool)]
 
 
 # ---------------------------------------------------------------- running

@@ -61,10 +61,15 @@ R(mse, dg_mse(c, e->w, dg_full(c, 2, (int64_t[]){2, 2}, 0.5f)))
 R(cross_entropy, dg_cross_entropy(c, e->w, dg_zeros(c, DG_I64, 1, (int64_t[]){2})))
 R(layernorm, dg_layernorm(c, e->w, NULL, NULL, 1e-5f))
 R(layernorm_w, dg_layernorm(c, e->w, e->g, e->g, 1e-5f))
+R(batchnorm, dg_batchnorm(c, e->w, e->g, e->g, NULL, NULL, 1, 0.1f, 1e-5f))
 R(embedding, dg_embedding(c, e->w, dg_zeros(c, DG_I64, 1, (int64_t[]){3})))
 R(causal_mask, dg_causal_mask(c, e->w))
 R(conv2d, dg_conv2d(c, e->v, e->v, NULL, 1, 0))
 R(maxpool2d, dg_maxpool2d(c, e->v, 2, 2))
+R(avgpool2d, dg_avgpool2d(c, e->v, 2, 1))
+R(global_avgpool2d, dg_global_avgpool2d(c, e->v))
+R(leaky_relu, dg_leaky_relu(c, e->w, 0.1f))
+R(argmax, dg_argmax(c, e->w, 1, 0))
 R(concat, dg_concat(c, 2, (dg_tensor *const[]){e->w, e->w}, 0))
 R(attention, dg_attention(c, e->q, 1, 1, 1.0f))
 R(mlp_gelu, dg_mlp_gelu(c, e->w, e->w, NULL, e->w, NULL))
@@ -75,6 +80,11 @@ R(transpose, dg_contiguous(c, dg_transpose(c, e->w, 0, 1)))
 R(permute, dg_contiguous(c, dg_permute(c, e->v, (int[]){0, 1, 3, 2})))
 R(contiguous, dg_scale(c, dg_contiguous(c, e->w), 1.0f))
 R(to_dtype, dg_to_dtype(c, e->w, DG_F64))
+static dg_tensor *r_accuracy(dg_ctx *c, const env *e) {
+  int64_t n = -1;
+  if (dg_accuracy(c, e->w, dg_zeros(c, DG_I64, 1, (int64_t[]){2}), &n)) return NULL;
+  return dg_full(c, 1, (int64_t[]){1}, (float)n);
+}
 static dg_tensor *r_split(dg_ctx *c, const env *e) {
   dg_tensor *parts[2];
   if (dg_split(c, e->w, 1, 2, (int64_t[]){1, 1}, parts)) return NULL;
@@ -91,7 +101,8 @@ static const struct {
     E(log_softmax), E(matmul), E(matmul_t), E(linear), E(linear_add), E(mse), E(cross_entropy),
     E(layernorm), E(layernorm_w), E(embedding), E(causal_mask), E(conv2d), E(maxpool2d),
     E(concat), E(attention), E(mlp_gelu), E(mlp_gelu_add), E(reshape), E(slice), E(transpose),
-    E(permute), E(contiguous), E(to_dtype), E(split),
+    E(permute), E(contiguous), E(to_dtype), E(split), E(avgpool2d), E(global_avgpool2d),
+    E(leaky_relu), E(argmax), E(accuracy), E(batchnorm),
 #undef E
 };
 
