@@ -3,8 +3,12 @@
  * included). Each rank also trains the whole model on one process (a
  * store of its own) and compares, after every step, the mean loss and
  * every parameter of its stage (relative 1e-5: the micro-batch sums are
- * added in another order). Ranks that disagree on M fail in dg_pipe_new
- * naming both.
+ * added in another order). With a BatchNorm in stage 0 the reference is
+ * the same model trained with gradient accumulation over the M micro-batches
+ * (each normalised with its own statistics, running statistics updated once
+ * per micro-batch, as nn.h states for the pipe), and the running statistics
+ * are compared too. Ranks that disagree on M fail in dg_pipe_new naming
+ * both.
  *   test_pipe_equiv W */
 #include "dgrad/pipe.h"
 #include "tests/ddp/ddp_util.h"
@@ -16,19 +20,24 @@
 #define STEPS 3
 
 typedef struct {
-  int M, kind;
+  int M, kind, bn;
 } cfg;
 
-static dg_module *model(void) {
+static dg_module *model_bn(int bn) {
   dg_module *seq, *l;
   REQUIRE(dg_nn_sequential(&seq) == DG_OK);
   REQUIRE(dg_nn_linear(&l, IN, HID, 1) == DG_OK && dg_sequential_add(seq, l, NULL) == DG_OK);
+  if (bn)
+    REQUIRE(dg_nn_batchnorm1d(&l, HID, 1e-5f, 0.1f) == DG_OK &&
+            dg_sequential_add(seq, l, NULL) == DG_OK);
   REQUIRE(dg_nn_tanh(&l) == DG_OK && dg_sequential_add(seq, l, NULL) == DG_OK);
   REQUIRE(dg_nn_linear(&l, HID, HID, 1) == DG_OK && dg_sequential_add(seq, l, NULL) == DG_OK);
   REQUIRE(dg_nn_tanh(&l) == DG_OK && dg_sequential_add(seq, l, NULL) == DG_OK);
   REQUIRE(dg_nn_linear(&l, HID, NCLS, 1) == DG_OK && dg_sequential_add(seq, l, NULL) == DG_OK);
   return seq;
 }
+
+static dg_module *model(void) { return model_bn(0); }
 
 static dg_tensor *ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) {
   (void)user;
@@ -54,10 +63,10 @@ static int rank_main(int r, int W, void *arg) {
   dg_pipe_opts po = dg_pipe_defaults();
   po.micro_batches = c->M;
   po.schedule = (dg_pipe_schedule)c->kind;
-  int rc = dg_pipe_new(&pipe, pg, model(), ps, 5, &po, err, sizeof err);
+  int rc = dg_pipe_new(&pipe, pg, model_bn(c->bn), ps, 5, &po, err, sizeof err);
   if (rc) fprintf(stderr, "rank %d: %s\n", r, err);
   REQUIRE(rc == DG_OK);
-  dg_module *whole = model();
+  dg_module *whole = model_bn(c->bn);
   REQUIRE(dg_module_bind(whole, ref, "", 5) == DG_OK);
   dg_sgd_opts so = dg_sgd_defaults();
   so.lr = 0.5f;
@@ -77,9 +86,22 @@ static int rank_main(int r, int W, void *arg) {
     REQUIRE(rc == DG_OK);
     CHECK_OK(dg_optim_step(opt));
     dg_params_zero_grad(ps);
-    dg_tensor *lr = dg_cross_entropy(ctx, dg_module_forward(whole, ctx, xt), yt);
-    REQUIRE(lr && dg_backward(ctx, lr) == DG_OK);
-    CHECK_NEAR(loss, dg_tensor_item(lr), 1e-5 * fabs(dg_tensor_item(lr)) + 1e-7);
+    double want = 0;
+    if (!c->bn) { /* the whole batch at once */
+      dg_tensor *lr = dg_cross_entropy(ctx, dg_module_forward(whole, ctx, xt), yt);
+      REQUIRE(lr && dg_backward(ctx, lr) == DG_OK);
+      want = dg_tensor_item(lr);
+    } else { /* accumulation over the M micro-batches, each loss scaled by 1/M */
+      const int64_t mb = B / c->M;
+      for (int m = 0; m < c->M; m++) {
+        dg_tensor *xm = dg_slice(ctx, xt, m * mb, (m + 1) * mb);
+        dg_tensor *lm = dg_cross_entropy(ctx, dg_module_forward(whole, ctx, xm),
+                                         dg_slice(ctx, yt, m * mb, (m + 1) * mb));
+        REQUIRE(lm && dg_backward(ctx, dg_scale(ctx, lm, 1.0f / c->M)) == DG_OK);
+        want += dg_tensor_item(lm) / c->M;
+      }
+    }
+    CHECK_NEAR(loss, want, 1e-5 * fabs(want) + 1e-7);
     CHECK_OK(dg_optim_step(oref));
     dg_params_zero_grad(ref);
     dg_ctx_reset(ctx);
@@ -92,6 +114,14 @@ static int rank_main(int r, int W, void *arg) {
       for (int64_t k = 0; k < dg_tensor_numel(a); k++)
         rel = fmax(rel, fabs((double)pa[k] - pb[k]) / (fabs((double)pb[k]) + 1e-3));
     }
+    for (int i = 0; i < dg_params_buffer_count(ps); i++) { /* running statistics */
+      dg_tensor *a = dg_params_buffer_get(ps, i), *b = dg_params_buffer_find(ref, dg_tensor_name(a));
+      REQUIRE(b && dg_tensor_numel(a) == dg_tensor_numel(b));
+      const float *pa = dg_tensor_data(a), *pb = dg_tensor_data(b);
+      for (int64_t k = 0; k < dg_tensor_numel(a); k++)
+        rel = fmax(rel, fabs((double)pa[k] - pb[k]) / (fabs((double)pb[k]) + 1e-3));
+    }
+    if (c->bn && r == 0) CHECK_EQ_INT(dg_params_buffer_count(ps), 2); /* stage 0 holds the BN */
     if (!(rel < 1e-5))
       fprintf(stderr, "rank %d step %d M=%d %s: parameters differ by %g\n", r, s, c->M,
               c->kind ? "1f1b" : "gpipe", rel);
@@ -138,11 +168,17 @@ int main(int argc, char **argv) {
   static const int Ms[] = {1, 2, 3, 8};
   for (int kind = 0; kind < 2; kind++)
     for (int i = 0; i < 4; i++) {
-      cfg c = {Ms[i], kind};
+      cfg c = {Ms[i], kind, 0};
       int bad = du_run(W, rank_main, &c, 60, NULL);
       if (bad) fprintf(stderr, "K=%d M=%d %s: %d rank(s) failed\n", W, c.M, kind ? "1f1b" : "gpipe", bad);
       CHECK_EQ_INT(bad, 0);
     }
-  if (W == 2) CHECK_EQ_INT(du_run(2, mismatch_rank, NULL, 60, NULL), 0);
+  if (W == 2) {
+    CHECK_EQ_INT(du_run(2, mismatch_rank, NULL, 60, NULL), 0);
+    for (int kind = 0; kind < 2; kind++) { /* BatchNorm: micro-batch statistics */
+      cfg c = {3, kind, 1};
+      CHECK_EQ_INT(du_run(2, rank_main, &c, 60, NULL), 0);
+    }
+  }
   return TEST_DONE();
 }
