@@ -8,7 +8,8 @@
  * (each normalised with its own statistics, running statistics updated once
  * per micro-batch, as nn.h states for the pipe), and the running statistics
  * are compared too. Ranks that disagree on M fail in dg_pipe_new naming
- * both.
+ * both; a killed stage fails the other at once, naming it; a steady-state
+ * step makes no heap allocation.
  *   test_pipe_equiv W */
 #include "dgrad/pipe.h"
 #include "tests/ddp/ddp_util.h"
@@ -138,6 +139,101 @@ static int rank_main(int r, int W, void *arg) {
   return dg_test_failures ? 1 : 0;
 }
 
+static uint64_t g_allocs;
+static void *count_malloc(size_t n) {
+  __atomic_add_fetch(&g_allocs, 1, __ATOMIC_RELAXED);
+  return malloc(n);
+}
+static void *count_realloc(void *p, size_t n) {
+  __atomic_add_fetch(&g_allocs, 1, __ATOMIC_RELAXED);
+  return realloc(p, n);
+}
+
+/* A steady-state pipe step (both schedules' tables, sends, receives, the
+ * micro-batch contexts, the optimizer) makes no heap allocation in dgrad:
+ * counted through dg_set_allocator after 3 warm-up steps. */
+static int alloc_rank(int r, int W, void *arg) {
+  const cfg *c = arg;
+  dg_set_allocator(count_malloc, count_realloc, free);
+  dg_store *st;
+  dg_pg *pg;
+  if (du_pg(r, W, &st, &pg)) return 2;
+  dg_params *ps;
+  dg_ctx *ctx;
+  dg_pipe *pipe;
+  dg_optim *opt;
+  char err[512];
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_ctx_new(&ctx, NULL) == DG_OK);
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = c->M;
+  po.schedule = (dg_pipe_schedule)c->kind;
+  REQUIRE(dg_pipe_new(&pipe, pg, model_bn(c->bn), ps, 5, &po, err, sizeof err) == DG_OK);
+  REQUIRE(dg_optim_new_adamw(&opt, ps, NULL, NULL, 0) == DG_OK);
+  float x[B * IN];
+  int64_t y[B];
+  batch(0, x, y);
+  uint64_t before = 0;
+  for (int s = 0; s < 8; s++) {
+    if (s == 3) before = __atomic_load_n(&g_allocs, __ATOMIC_RELAXED);
+    dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+    dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+    REQUIRE(dg_pipe_step(pipe, xt, yt, ce, NULL, NULL) == DG_OK);
+    if (dg_params_count(ps)) CHECK_OK(dg_optim_step(opt));
+    dg_params_zero_grad(ps);
+    dg_ctx_reset(ctx);
+  }
+  uint64_t n = __atomic_load_n(&g_allocs, __ATOMIC_RELAXED) - before;
+  if (n) fprintf(stderr, "rank %d: %llu heap allocations in 5 steady-state steps\n", r,
+                 (unsigned long long)n);
+  CHECK_EQ_INT(n, 0);
+  dg_optim_free(opt);
+  dg_pipe_free(pipe);
+  dg_params_free(ps);
+  dg_ctx_free(ctx);
+  du_leave(st, pg, W);
+  return dg_test_failures ? 1 : 0;
+}
+
+/* Stage 1 dies after one step: stage 0's next step fails at once (the
+ * connection closes; no wait for the group's 20 s timeout), naming the
+ * step, the micro-batch and stage 1. */
+static int kill_rank(int r, int W, void *arg) {
+  (void)arg;
+  dg_store *st;
+  dg_pg *pg;
+  if (du_pg(r, W, &st, &pg)) return 2;
+  dg_params *ps;
+  dg_ctx *ctx;
+  dg_pipe *pipe;
+  char err[512];
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_ctx_new(&ctx, NULL) == DG_OK);
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = 2;
+  REQUIRE(dg_pipe_new(&pipe, pg, model(), ps, 5, &po, err, sizeof err) == DG_OK);
+  float x[B * IN];
+  int64_t y[B];
+  batch(0, x, y);
+  dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+  dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+  REQUIRE(dg_pipe_step(pipe, xt, yt, ce, NULL, NULL) == DG_OK);
+  if (r == 1) _exit(0); /* dies without leaving the group */
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int rc = dg_pipe_step(pipe, xt, yt, ce, NULL, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  CHECK(rc != DG_OK);
+  CHECK_STR_HAS(dg_pipe_errmsg(pipe), "pipe step 1: stage 0");
+  CHECK_STR_HAS(dg_pipe_errmsg(pipe), "from stage 1");
+  CHECK(secs < 10); /* far below the timeout: the failure is seen, not waited out */
+  dg_pipe_free(pipe);
+  dg_params_free(ps);
+  dg_ctx_free(ctx);
+  dg_pg_free(pg);
+  dg_store_free(st);
+  return dg_test_failures ? 1 : 0;
+}
+
 /* Rank 1 asks for another M: both fail in dg_pipe_new, naming both. */
 static int mismatch_rank(int r, int W, void *arg) {
   (void)arg;
@@ -175,6 +271,11 @@ int main(int argc, char **argv) {
     }
   if (W == 2) {
     CHECK_EQ_INT(du_run(2, mismatch_rank, NULL, 60, NULL), 0);
+    CHECK_EQ_INT(du_run(2, kill_rank, NULL, 60, NULL), 0);
+    for (int kind = 0; kind < 2; kind++) {
+      cfg c = {4, kind, 1};
+      CHECK_EQ_INT(du_run(2, alloc_rank, &c, 60, NULL), 0);
+    }
     for (int kind = 0; kind < 2; kind++) { /* BatchNorm: micro-batch statistics */
       cfg c = {3, kind, 1};
       CHECK_EQ_INT(du_run(2, rank_main, &c, 60, NULL), 0);
