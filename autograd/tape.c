@@ -433,15 +433,15 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
   if (ctx->in_backward) return dg__set_error(ctx, DG_ESTATE, "backward: called from a hook");
   /* an earlier op error the caller moved past must not fail this backward:
    * backward reports only its own errors */
-  if (out) dg_ctx_clear_error(ctx);
+  dg_ctx_clear_error(ctx);
+  if (!from_this_step(ctx, out)) /* first: nothing of out is read before it */
+    return dg__set_error(ctx, DG_ESTATE,
+                         "backward: the output is not a tensor of this context's current step "
+                         "(made before the last dg_ctx_reset, or by another context)");
   if (!dg__wants_grad(out))
     return dg__set_error(ctx, DG_EINVAL,
                          "backward: the output does not require grad (no parameter or "
                          "grad-requiring input reaches it, or grad mode was off)");
-  if (!from_this_step(ctx, out))
-    return dg__set_error(ctx, DG_ESTATE,
-                         "backward: the output is not a tensor of this context's current step "
-                         "(made before the last dg_ctx_reset, or by another context)");
   if (out->node && out->node->consumed)
     return dg__set_error(ctx, DG_ESTATE,
                          "backward: the tape that produced this output was already consumed by "
@@ -477,10 +477,12 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
     rc = ctx->end_hooks[h].end(ctx->end_hooks[h].user, ctx);
   ctx->in_backward = 0;
   dg_ctx_set_grad_enabled(ctx, prev);
+  uint64_t epoch = 0; /* step boundaries of the stores involved */
+  for (int st = 0; st < ctx->nstores; st++) epoch += ctx->stores[st].ps->zero_grads;
   ctx->nstores = 0;
   for (int i = 0; i < ctx->ntape; i++) ctx->tape[i]->consumed = 1;
   ctx->ntape = 0;
-  dg__ctx_backward_done(ctx);
+  dg__ctx_backward_done(ctx, epoch);
   if (rc && !ctx->err) dg__set_error(ctx, rc, "backward: a backward-end hook failed (%s)",
                                      dg_strerror(rc));
   return rc;

@@ -79,9 +79,11 @@ void *dg__arena_alloc(dg_arena *a, size_t n) {
 }
 
 int dg__arena_live(const dg_arena *a, const void *p) {
+  const char *q = p;
   for (const dg_arena_chunk *c = a->head; c; c = c->next)
-    if ((const char *)p >= c->mem && (const char *)p < c->mem + c->cap)
-      return (const char *)p < c->mem + c->used ? 1 : -1;
+    if (q >= c->mem && q < c->mem + c->cap) return q < c->mem + c->used ? 1 : -1;
+  for (int i = 0; i < a->ngone; i++)
+    if ((uintptr_t)p >= a->gone[i].lo && (uintptr_t)p < a->gone[i].hi) return -1;
   return 0;
 }
 
@@ -96,6 +98,7 @@ static void free_chunks(dg_arena *a, int release) {
 }
 
 void dg__arena_reset(dg_arena *a) {
+  a->ngone = 0; /* one step only: the system may hand those addresses out again */
   if (a->head && a->head->next) {
     /* several chunks: merge into one that fits the step just done (its
      * bytes in use, plus slack for steps that vary a little) */
@@ -105,6 +108,8 @@ void dg__arena_reset(dg_arena *a) {
     if (limit && want > limit) want = limit > a->used ? limit : a->used;
     dg_arena_chunk *one = chunk_new(a->device, want);
     if (one) {
+      for (dg_arena_chunk *c = a->head; c && a->ngone < 8; c = c->next) /* where they were */
+        a->gone[a->ngone].lo = (uintptr_t)c->mem, a->gone[a->ngone++].hi = (uintptr_t)c->mem + c->cap;
       free_chunks(a, 1);
       a->head = one;
       a->reserved = want;

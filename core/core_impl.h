@@ -70,19 +70,27 @@ typedef struct {
   dg_arena_chunk *head, *cur;
   size_t used, peak, reserved;
   struct dg_ctx *owner; /* a context's arena: its growth is watched (NULL: not) */
-  size_t step_max; /* the most a step used (at a reset, or a first backward) */
+  size_t step_max; /* the most a step used (at a reset, or a step boundary) */
+  /* where the chunks merged away at the last reset were: a pointer there is
+   * a tensor of an earlier step, told without reading freed memory */
+  struct { uintptr_t lo, hi; } gone[8]; /* addresses only: the bytes are freed */
+  int ngone;
 } dg_arena;
 
 void *dg__arena_alloc(dg_arena *a, size_t n);
 /* 1 when p lies in the part of a's chunks handed out since the last reset,
- * -1 in the rest of a chunk (handed out before it), 0 outside a's chunks. */
+ * -1 in the rest of a chunk or in a chunk merged away at the last reset
+ * (handed out before it), 0 elsewhere. */
 int dg__arena_live(const dg_arena *a, const void *p);
 /* The owner's say before its arena a takes a new chunk of *cap bytes for a
  * block of n: the context's arena_limit may shrink *cap or refuse (returns
  * nonzero, error recorded), and growth without dg_ctx_reset is warned of. */
 int dg__ctx_arena_grow(struct dg_ctx *ctx, dg_arena *a, size_t n, size_t *cap);
-/* A backward ended on ctx: the first since a reset marks the step's size. */
-void dg__ctx_backward_done(struct dg_ctx *ctx);
+/* A backward ended on ctx; epoch: the sum of the zero_grad counts of the
+ * stores it involved. A changed epoch without a reset is a training step
+ * boundary passed without dg_ctx_reset (micro-batches of one step share an
+ * epoch): the first one marks the step's size. */
+void dg__ctx_backward_done(struct dg_ctx *ctx, uint64_t epoch);
 void dg__arena_reset(dg_arena *a);
 void dg__arena_free(dg_arena *a);
 
@@ -161,10 +169,12 @@ struct dg_ctx {
   int pack_id;
   int in_backward;
   /* Growth watch (forgotten dg_ctx_reset; each arena's step_max): backwards
-   * since the last reset, whether the one warning was given, and the
-   * options' arena_limit (0: none). */
+   * and step boundaries since the last reset, the zero_grad epoch of the
+   * last backward, whether the one warning was given, and the options'
+   * arena_limit (0: none). */
   size_t arena_limit;
-  int backwards_since_reset, grow_warned;
+  int backwards_since_reset, steps_since_reset, grow_warned;
+  uint64_t bwd_epoch;
   /* Backward gradient buffers of intermediates are dead once their node has
    * run: they go on free lists by exact byte size and are reused within the
    * step, so backward needs a few buffers instead of one per activation. */
@@ -218,6 +228,7 @@ struct dg_params {
    * the gradients are one rank's partial sum inside an accumulation window,
    * cleared by the synchronising backward, zero_grad and dg_ddp_free. */
   char step_block[200];
+  uint64_t zero_grads; /* dg_params_zero_grad calls: training step boundaries */
   dg__buffers buf;    /* buffers (dg_params_add_buffer) */
   char errmsg[256];   /* the last failure of a call on the store */
 };

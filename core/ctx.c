@@ -50,8 +50,13 @@ static void arena_step_end(dg_arena *a) {
   if (a->used > a->step_max) a->step_max = a->used;
 }
 
-void dg__ctx_backward_done(dg_ctx *ctx) {
-  if (ctx->backwards_since_reset++) return; /* later ones may be the leak */
+void dg__ctx_backward_done(dg_ctx *ctx, uint64_t epoch) {
+  if (!ctx->backwards_since_reset++ || epoch == ctx->bwd_epoch) { /* same step */
+    ctx->bwd_epoch = epoch;
+    return;
+  }
+  ctx->bwd_epoch = epoch;
+  if (ctx->steps_since_reset++) return; /* later steps are the leak */
   arena_step_end(&ctx->arena);
   for (int d = 0; d < DG__MAX_DEVICES; d++)
     if (ctx->dev_arena[d]) arena_step_end(ctx->dev_arena[d]);
@@ -62,7 +67,7 @@ void dg_ctx_reset(dg_ctx *ctx) {
   arena_step_end(&ctx->arena);
   for (int d = 0; d < DG__MAX_DEVICES; d++)
     if (ctx->dev_arena[d]) arena_step_end(ctx->dev_arena[d]);
-  ctx->backwards_since_reset = 0;
+  ctx->backwards_since_reset = ctx->steps_since_reset = 0;
   ctx->ntape = 0;
   ctx->nstores = 0; /* the tape's per-store state goes with it */
   memset(ctx->gpool, 0, sizeof ctx->gpool); /* its blocks were arena memory */
@@ -169,9 +174,10 @@ void *dg__arena_data(dg_ctx *ctx, int device, size_t bytes) {
 
 /* What most likely holds the memory, for the warning and the limit error. */
 static const char *grow_cause(const dg_ctx *ctx, char *buf, size_t cap) {
-  if (ctx->backwards_since_reset > 1)
-    snprintf(buf, cap, "%d backwards since the last dg_ctx_reset: call dg_ctx_reset(ctx) once "
-             "per step, after the optimizer step", ctx->backwards_since_reset);
+  if (ctx->steps_since_reset > 0)
+    snprintf(buf, cap, "%d training steps (dg_params_zero_grad calls between backwards) since "
+             "the last dg_ctx_reset: call dg_ctx_reset(ctx) once per step, after the optimizer "
+             "step", ctx->steps_since_reset + 1);
   else if (ctx->ntape > 0 && ctx->grad_enabled)
     snprintf(buf, cap, "the tape holds %d nodes of forwards with no backward: evaluate with "
              "grad off (dg_ctx_set_grad_enabled(ctx, 0)) and dg_ctx_reset(ctx) after each batch",

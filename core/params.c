@@ -274,6 +274,7 @@ void dg_params_zero_grad(dg_params *ps) {
   (void)dg__params_flush(ps, DG__SETTLE_ALL); /* a pending update reads them */
   for (int i = 0; i < ps->n; i++) ps->t[i]->flags |= DG_TF_GRAD_STALE;
   ps->step_block[0] = '\0'; /* the partial sums are gone with the gradients */
+  ps->zero_grads++;
 }
 
 void dg__params_block_step(dg_params *ps, const char *why, ...) {

@@ -445,8 +445,9 @@ dg_tensor *dg_tensor_grad(const dg_tensor *t) {
 int dg_tensor_requires_grad(const dg_tensor *t) { return dg__wants_grad(t); }
 
 void dg_tensor_set_requires_grad(dg_tensor *t, int on) {
-  /* parameters: dg_params_set_trainable; buffers never take a gradient */
-  if (!t || t->param_id >= 0 || (t->flags & DG_TF_BUFFER)) return;
+  /* store-owned (parameters: dg_params_set_trainable; buffers and gradient
+   * headers never take a gradient) */
+  if (!t || (t->flags & DG_TF_PARAM)) return;
   if (on && t->dtype == DG_F32) t->flags |= DG_TF_REQUIRES_GRAD;
   else t->flags &= ~(uint32_t)DG_TF_REQUIRES_GRAD;
 }

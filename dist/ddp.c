@@ -361,18 +361,7 @@ int dg_ddp_flush(dg_ddp *d) {
 
 int dg_ddp_broadcast_buffers(dg_ddp *d) {
   if (!d) return DG_EINVAL;
-  int rc = dg__ddp_broadcast_store_buffers(d, 0);
-  for (int k = 0; !rc && k < d->opts.nbuffers; k++) {
-    dg_tensor *t = d->opts.buffers[k];
-    dg_work *w = NULL;
-    rc = dg_pg_broadcast(d->pg, dg_tensor_data(t), (size_t)dg_tensor_numel(t), dg_tensor_dtype(t),
-                         0, &w);
-    if (!rc) rc = dg_work_wait(w, 0);
-    if (rc) dg__ddp_fail(d, rc, "ddp: rank %d: broadcast of buffer %d failed: %s", d->rank, k,
-                         w ? dg_work_errmsg(w) : dg_pg_errmsg(d->pg));
-    dg_work_free(w);
-  }
-  return rc;
+  return dg__ddp_broadcast_buffers(d, 0, 1);
 }
 
 const char *dg_ddp_errmsg(const dg_ddp *d) { return d ? d->errmsg : ""; }

@@ -128,8 +128,9 @@ int dg__ddp_verify(dg_ddp *d);
 /* Broadcasts values and the store's buffers from `root`, and opts->buffers
  * when with_buffers. */
 int dg__ddp_broadcast_state(dg_ddp *d, int root, int with_buffers);
-/* Broadcasts the store's buffers (dg_params_add_buffer) from `root`. */
-int dg__ddp_broadcast_store_buffers(dg_ddp *d, int root);
+/* Broadcasts the store's buffers (dg_params_add_buffer) from `root`, and
+ * opts->buffers (checked contiguous) when with_opts. */
+int dg__ddp_broadcast_buffers(dg_ddp *d, int root, int with_opts);
 
 /* ddp_overlap.c: the update overlapping the next forward. */
 /* The store's pending writer: brings parameter i (or all) up to date. */

@@ -78,9 +78,12 @@ static int sb_stats(void *user, double *st, int64_t C, char *err, size_t cap) {
 
 static int sb_grad_sums(void *user, double *sums, int64_t C, char *err, size_t cap) {
   syncbn_m *s = user;
-  dg_work *w = NULL;
-  int rc = dg_pg_allreduce(s->pg, sums, 2 * (size_t)C, DG_F64, DG_RED_SUM, &w);
-  return finish(s, rc, w, "the all-reduce of the gradient sums", err, cap);
+  /* the calling thread runs it: no wake-up of the group's worker per layer */
+  int rc = dg_pg_allreduce_sync(s->pg, sums, 2 * (size_t)C, DG_F64, DG_RED_SUM);
+  if (rc)
+    dg__fail_msg(err, cap, rc, "rank %d: the all-reduce of the gradient sums failed: %s",
+                 dg_pg_rank(s->pg), dg_pg_errmsg(s->pg));
+  return rc;
 }
 
 static void sb_destroy(dg_module *m) {

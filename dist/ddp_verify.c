@@ -131,16 +131,6 @@ int dg__ddp_verify(dg_ddp *d) {
   return same ? DG_OK : explain(d);
 }
 
-static int bcast(dg_ddp *d, void *buf, size_t n, dg_dtype dt, int root, const char *what);
-
-/* The store's buffers, in one broadcast of their flat buffer (the check of
- * dg__ddp_verify made it the same size on every rank). */
-int dg__ddp_broadcast_store_buffers(dg_ddp *d, int root) {
-  size_t n = 0;
-  float *v = dg_params_buffer_data(d->ps, &n);
-  return n ? bcast(d, v, n, DG_F32, root, "the store's buffers") : DG_OK;
-}
-
 static int bcast(dg_ddp *d, void *buf, size_t n, dg_dtype dt, int root, const char *what) {
   dg_work *w = NULL;
   int rc = dg_pg_broadcast(d->pg, buf, n, dt, root, &w);
@@ -152,12 +142,14 @@ static int bcast(dg_ddp *d, void *buf, size_t n, dg_dtype dt, int root, const ch
   return rc;
 }
 
-int dg__ddp_broadcast_state(dg_ddp *d, int root, int with_buffers) {
+/* The store's buffers, in one broadcast of their flat buffer (the check of
+ * dg__ddp_verify made it the same size on every rank), then, with_opts,
+ * opts->buffers. */
+int dg__ddp_broadcast_buffers(dg_ddp *d, int root, int with_opts) {
   size_t n = 0;
-  float *v = dg_params_data(d->ps, &n);
-  int rc = bcast(d, v, n, DG_F32, root, "the parameter values");
-  if (!rc) rc = dg__ddp_broadcast_store_buffers(d, root);
-  for (int k = 0; !rc && with_buffers && k < d->opts.nbuffers; k++) {
+  float *v = dg_params_buffer_data(d->ps, &n);
+  int rc = n ? bcast(d, v, n, DG_F32, root, "the store's buffers") : DG_OK;
+  for (int k = 0; !rc && with_opts && k < d->opts.nbuffers; k++) {
     dg_tensor *t = d->opts.buffers[k];
     if (!t || !dg_tensor_is_contiguous(t))
       return dg__ddp_fail(d, DG_EINVAL, "ddp: buffer %d is NULL or not contiguous", k);
@@ -165,4 +157,11 @@ int dg__ddp_broadcast_state(dg_ddp *d, int root, int with_buffers) {
                "a buffer");
   }
   return rc;
+}
+
+int dg__ddp_broadcast_state(dg_ddp *d, int root, int with_buffers) {
+  size_t n = 0;
+  float *v = dg_params_data(d->ps, &n);
+  int rc = bcast(d, v, n, DG_F32, root, "the parameter values");
+  return rc ? rc : dg__ddp_broadcast_buffers(d, root, with_buffers);
 }

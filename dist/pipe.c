@@ -16,7 +16,7 @@
 #include "dist/pipe_plan.h"
 
 enum { TAG_ACT = 0x70690001u, TAG_GRAD = 0x70690002u };
-#define HDR 6 /* ndim, shape[4], step */
+#define HDR (2 + DG_MAX_DIMS) /* ndim, shape, step */
 
 struct dg_pipe {
   dg_pg *pg;
@@ -27,7 +27,7 @@ struct dg_pipe {
   dg_ctx **mctx;      /* per micro-batch */
   dg_tensor **in, **out, **gout;
   int64_t *hdr_out;   /* (M, HDR) headers sent, alive until their sends end */
-  int64_t *hdr_in;    /* (M, HDR) headers received */
+  int64_t hdr_in[HDR]; /* the header being received (used at once) */
   int64_t shape0[1 + DG_MAX_DIMS]; /* the step's boundary shape (ndim first) */
   dg_work **sends;
   int nsends;
@@ -86,9 +86,13 @@ static int take_stage(dg_pipe *p, dg_module *seq, uint64_t seed, char *err, size
   dg_module *mid = NULL, *tail = NULL;
   int rc = dg_sequential_split(seq, p->last, &tail);
   if (!rc) rc = dg_sequential_split(seq, p->first, &mid);
-  dg_module_free(tail);
-  if (rc) return dg__fail_msg(err, cap, rc, "pipe_new: cannot split the model at layers %d, %d",
-                              p->first, p->last);
+  dg_module_free(tail); /* the later stages' layers */
+  dg_module_free(seq);  /* the earlier stages' (all of it when a split failed) */
+  if (rc) {
+    dg_module_free(mid);
+    return dg__fail_msg(err, cap, rc, "pipe_new: cannot split the model at layers %d, %d",
+                        p->first, p->last);
+  }
   p->stage = mid;
   rc = dg_module_bind(mid, p->ps, "", seed);
   if (rc) return dg__fail_msg(err, cap, rc, "pipe_new: binding stage %d: %s", p->s,
@@ -100,12 +104,11 @@ static int alloc_state(dg_pipe *p, char *err, size_t cap) {
   const size_t M = (size_t)p->M;
   p->mctx = dg__calloc(M, sizeof *p->mctx);
   p->in = dg__calloc(3 * M, sizeof *p->in);
-  p->hdr_out = dg__calloc(2 * M * HDR, sizeof *p->hdr_out);
+  p->hdr_out = dg__calloc(M * HDR, sizeof *p->hdr_out);
   p->sends = dg__calloc(3 * M, sizeof *p->sends); /* header, activation, gradient */
   if (!p->mctx || !p->in || !p->hdr_out || !p->sends)
     return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
   p->out = p->in + M, p->gout = p->in + 2 * M;
-  p->hdr_in = p->hdr_out + M * HDR;
   for (size_t m = 0; m < M; m++)
     if (dg_ctx_new(&p->mctx[m], NULL))
       return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
@@ -201,13 +204,13 @@ static int post_send(dg_pipe *p, const void *buf, size_t n, dg_dtype dt, int dst
 
 /* Header then data; the receiver checks the shape against the step's first. */
 static int recv_act(dg_pipe *p, int m) {
-  int64_t *h = p->hdr_in + (size_t)m * HDR;
+  int64_t *h = p->hdr_in;
   int rc = recv_wait(p, h, HDR, DG_I64, p->s - 1, TAG_ACT, "receiving the activation header", m);
   if (rc) return rc;
-  if (h[0] < 1 || h[0] > DG_MAX_DIMS || h[5] != p->step)
+  if (h[0] < 1 || h[0] > DG_MAX_DIMS || h[HDR - 1] != p->step)
     return FAIL(p, DG_EPEER, "pipe step %lld: stage %d: micro-batch %d: a malformed activation "
                 "header from stage %d (ndim %lld, step %lld)", (long long)p->step, p->s, m,
-                p->s - 1, (long long)h[0], (long long)h[5]);
+                p->s - 1, (long long)h[0], (long long)h[HDR - 1]);
   if (m == 0) memcpy(p->shape0, h, sizeof p->shape0);
   else if (memcmp(p->shape0, h, sizeof p->shape0)) {
     char a[96], b[96];
@@ -231,7 +234,7 @@ static int send_act(dg_pipe *p, int m) {
   memset(h, 0, HDR * sizeof *h);
   h[0] = dg_tensor_ndim(y);
   memcpy(h + 1, dg_tensor_shape(y), (size_t)h[0] * sizeof *h);
-  h[5] = p->step;
+  h[HDR - 1] = p->step;
   int rc = post_send(p, h, HDR, DG_I64, p->s + 1, TAG_ACT, "sending the activation header", m);
   return rc ? rc : post_send(p, dg_tensor_data(y), (size_t)dg_tensor_numel(y), DG_F32, p->s + 1,
                              TAG_ACT, "sending the activation", m);

@@ -41,14 +41,11 @@ static double evaluate(dg_ctx *ctx, dg_module *net, dg_mnist *test) {
     int64_t b = n - i < 500 ? n - i : 500;
     for (int64_t k = 0; k < b; k++) dg_mnist_image(test, i + k, x + k * 784);
     dg_tensor *logits = dg_module_forward(net, ctx, dg_wrap(ctx, DG_F32, 2,
-                                                            (int64_t[]){b, 784}, x));
-    if (!logits) break;
-    const float *p = dg_tensor_data(logits); /* (b, 10) */
-    for (int64_t k = 0; k < b; k++) {
-      int best = 0;
-      for (int c = 1; c < 10; c++) best = p[k * 10 + c] > p[k * 10 + best] ? c : best;
-      right += best == dg_mnist_labels(test)[i + k];
-    }
+                                                            (int64_t[]){b, 784}, x)); /* (b, 10) */
+    dg_tensor *labels = dg_wrap(ctx, DG_I64, 1, &b, (void *)(dg_mnist_labels(test) + i));
+    int64_t c;
+    if (dg_accuracy(ctx, logits, labels, &c)) break; /* rows whose argmax is the label */
+    right += c;
     dg_ctx_reset(ctx); /* frees this batch's tensors */
   }
   dg_ctx_set_grad_enabled(ctx, prev);

@@ -34,7 +34,8 @@ static int bn_backward(dg_ctx *ctx, dg_node *n) {
   if (!sums || (has_w && !w) || ctx->err) return ctx->err;
   dg__bn_args a = {x,  n->out->grad->data, w,  NULL, dx, dw,  db, N, C, L, st->mean, st->corr,
                    st->invstd, !ox, !ow, !ob};
-  st->be->batchnorm->grad_sums(&a, sums); /* dw, db: this process's batch */
+  if (st->train || dw || db) /* eval with frozen w, b needs no pass over x */
+    st->be->batchnorm->grad_sums(&a, sums); /* dw, db: this process's batch */
   if (!dx) return DG_OK;
   if (!st->train) { /* fixed statistics: dx = w invstd dy */
     st->be->batchnorm->bwd_dx(&a, NULL, NULL);
@@ -53,26 +54,32 @@ static int bn_backward(dg_ctx *ctx, dg_node *n) {
 
 static const char *const bn_names[5] = {"x", "w", "b", "running_mean", "running_var"};
 
+/* The inputs' shapes for a message ("none" for a NULL one), formatted on
+ * failure only (a forward per layer per step passes here); returns 1. */
+static int bn_shapes(dg_tensor *const *in, char s[5][96]) {
+  for (int k = 0; k < 5; k++)
+    if (in[k]) dg__shape_str(in[k], s[k], sizeof s[k]);
+    else snprintf(s[k], sizeof s[k], "none");
+  return 1;
+}
+
 static int bn_check(dg_ctx *ctx, const char *op, dg_tensor *const *in, int train,
                     float momentum, float eps) {
   for (int k = 0; k < 5; k++)
     if (in[k] && !dg__check_f32(ctx, op, bn_names[k], in[k])) return ctx->err;
   const dg_tensor *x = in[0];
   char s[5][96];
-  for (int k = 0; k < 5; k++)
-    if (in[k]) dg__shape_str(in[k], s[k], sizeof s[k]);
-    else snprintf(s[k], sizeof s[k], "none");
-  if (x->ndim < 2)
+  if (x->ndim < 2 && bn_shapes(in, s))
     return dg__set_error(ctx, DG_ESHAPE, "%s: x %s must be (N, C), (N, C, L) or (N, C, H, W)",
                          op, s[0]);
   int64_t C = x->shape[1];
   for (int k = 1; k < 5; k++)
-    if (in[k] && (in[k]->ndim != 1 || in[k]->shape[0] != C))
+    if (in[k] && (in[k]->ndim != 1 || in[k]->shape[0] != C) && bn_shapes(in, s))
       return dg__set_error(ctx, DG_ESHAPE, "%s: x %s has %lld channels: w, b, running_mean and "
                            "running_var must be (%lld); got w %s, b %s, running_mean %s, "
                            "running_var %s", op, s[0], (long long)C, (long long)C, s[1], s[2],
                            s[3], s[4]);
-  if (!in[3] != !in[4])
+  if (!in[3] != !in[4] && bn_shapes(in, s))
     return dg__set_error(ctx, DG_EINVAL, "%s: running_mean and running_var go together; got "
                          "running_mean %s, running_var %s", op, s[3], s[4]);
   if (!train && !in[3])

@@ -32,7 +32,7 @@ int dg_optim_fuse_backward(dg_optim *o, dg_ctx *ctx) {
     return dg__optim_fail(o, DG_ESTATE, "optim_fuse_backward(%s): already %s", o->name,
                           o->fused_ctx ? "fused into a context's backward"
                                        : "stepped by its DDP (dg_ddp_overlap_optimizer)");
-  if (!dg__optim_range(o))
+  if (!o->range)
     return dg__optim_fail(o, DG_EUNSUPPORTED, "optim_fuse_backward(%s): only element-wise "
                           "optimizers (sgd, adamw) can step inside backward; %s needs "
                           "whole-parameter norms", o->name, o->name);

@@ -71,6 +71,11 @@ int dg_optim_set_group(dg_optim *o, dg_param_filter_fn select, void *user, float
     selected++;
   }
   o->groups[o->ngroups++] = (dg__optim_group){weight_decay, lr_scale};
+  o->mixed = 0; /* decided once here, not per step: does any setting differ? */
+  for (int i = 0; i < o->nparams && !o->mixed; i++) {
+    const int g = o->group_of[i];
+    o->mixed = g && (o->groups[g - 1].weight_decay != o->wd || o->groups[g - 1].lr_scale != 1.0f);
+  }
   return selected;
 }
 

@@ -152,7 +152,7 @@ int dg__optim_begin_step(dg_optim *o) {
 void dg__optim_step_span(dg_optim *o, size_t lo, size_t hi, float lr) {
   /* raw buffers: the caller made the span's gradients final */
   float *w = o->ps->data, *g = dg__params_grad_raw(o->ps);
-  if (o->range && !o->group_of) { /* one run: padding between parameters is zero */
+  if (o->range && !o->mixed) { /* one run: padding between parameters is zero */
     dg__optim_hyper h = {lr, o->wd};
     o->range(o, h, w, g, lo, hi);
   } else {
@@ -275,7 +275,6 @@ int dg_optim_new_adamw(dg_optim **out, dg_params *ps, const dg_adamw_opts *opts,
   return DG_OK;
 }
 
-dg__optim_range_fn dg__optim_range(const dg_optim *o) { return o->range; }
 
 int dg__optim_set_owner(dg_optim *o, dg_params *ps, void *owner, void (*release)(void *owner),
                         char *err, size_t cap) {

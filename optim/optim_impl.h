@@ -52,6 +52,7 @@ struct dg_optim {
   uint16_t *group_of; /* (nparams) */
   dg__optim_group *groups;
   int ngroups;
+  int mixed; /* some parameter's group differs from the default (set_group keeps it) */
   int nstate;
   const char *state_name[DG_OPTIM_MAX_STATE];
   float *state[DG_OPTIM_MAX_STATE]; /* (n) each, layout of the flat buffer */
@@ -71,9 +72,6 @@ struct dg_optim {
 #define dg__optim_fail(o, code, ...) \
   dg__fail_msg((o)->errmsg, sizeof (o)->errmsg, code, __VA_ARGS__)
 
-/* The element-wise update (o->range); NULL for the kinds that need
- * whole-parameter norms first. */
-dg__optim_range_fn dg__optim_range(const struct dg_optim *o);
 
 /* Parameter i's lr and weight decay under the optimizer's lr `lr`. */
 static inline dg__optim_hyper dg__optim_hyper_of(const struct dg_optim *o, int i, float lr) {

@@ -345,19 +345,13 @@ static int evaluate(trainer *t, double *acc) {
   while ((rc = dg_loader_next(t->test_loader, NULL, &rows)) == DG_OK && rows > 0) {
     float *x = dg_loader_buffer(t->test_loader, 0);
     int64_t *y = dg_loader_buffer(t->test_loader, 1);
-    dg_tensor *out = dg_module_forward(t->net, t->ctx, input(t, x, rows));
-    if (!out) {
+    dg_tensor *out = dg_module_forward(t->net, t->ctx, input(t, x, rows)); /* (rows, 10) */
+    int64_t right;
+    if ((rc = dg_accuracy(t->ctx, out, dg_wrap(t->ctx, DG_I64, 1, &rows, y), &right))) {
       fprintf(stderr, "mnist: eval: %s\n", dg_ctx_errmsg(t->ctx));
-      rc = dg_ctx_errcode(t->ctx);
       break;
     }
-    const float *p = dg_tensor_data(out); /* (rows, 10) */
-    for (int64_t i = 0; i < rows; i++) {
-      int best = 0;
-      for (int c = 1; c < 10; c++)
-        if (p[i * 10 + c] > p[i * 10 + best]) best = c;
-      correct += best == y[i];
-    }
+    correct += right;
     total += rows;
     dg_ctx_reset(t->ctx);
   }

@@ -52,8 +52,10 @@ DG_API void dg_ctx_free(dg_ctx *ctx);
  * per step: without it every step's tensors and tape stay. A context whose
  * arena grows to more than 4x the largest step seen (and at least 16 MiB
  * more) with no reset in between logs one warning naming the likely cause;
- * a step is what ran between two resets, or up to the first backward when
- * none came yet. dg_ctx_opts.arena_limit turns growth into an error.
+ * a step is what ran between two resets, or, with no reset, between two
+ * dg_params_zero_grad calls of the stores backward involved (so the
+ * micro-batches of gradient accumulation are one step).
+ * dg_ctx_opts.arena_limit turns growth into an error.
  * A backward on a tensor of an earlier step (or of another context) is
  * refused with DG_ESTATE while its bytes have not been handed out again;
  * after that its address may be a new tensor's, so do not keep tensors
