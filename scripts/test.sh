@@ -26,7 +26,12 @@ meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined
   meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined \
     -Db_lundef=false -Dbench=false
 ninja -C build-asan
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+# UCX_MEM_EVENTS=no: UCX's memory hooks (UCM) patch the allocator next to
+# ASan's and crash LeakSanitizer's tracer at exit in about 3 runs of 100 of
+# the UCX tests (0 of 100 without them); the transport needs no
+# registration cache over tcp on loopback.
+UCX_MEM_EVENTS=no ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C build-asan --print-errorlogs --num-processes "$jobs" \
   --no-suite interop --timeout-multiplier 3 || status=1
 
