@@ -1,46 +1,73 @@
 /* The pipe runtime: one stage per rank, micro-batches driven by the
- * validated action table of dist/pipe_plan.c. Each micro-batch has a
- * context of its own (its tape and activations live there until the step
- * ends), so several can be in flight on a stage; all of them accumulate
- * into the stage's parameter store. Sends are asynchronous works freed at
- * the end of the step; receives wait, bounded by the group's timeout (the
- * table was proven deadlock-free before it ran). */
+ * validated action table of dist/pipe_plan.c. A micro-batch's tape and
+ * activations live in one of a small pool of contexts (as many as the
+ * schedule keeps alive on this stage) from its first action until its
+ * backward ran and its sends completed, so 1F1B holds fewer than GPipe; all
+ * of them accumulate into the stage's parameter store. Sends are
+ * asynchronous; receives wait, bounded by the group's timeout (the table was
+ * proven deadlock-free before it ran). With re-materialization the forward
+ * runs without a tape in a scratch context and the backward recomputes the
+ * stage there first. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "dgrad/autograd.h"
 #include "dgrad/ops.h"
 #include "dgrad/pipe.h"
 #include "core/core_impl.h"
 #include "dist/pipe_plan.h"
+#include "dist/pipe_profile.h"
 
 enum { TAG_ACT = 0x70690001u, TAG_GRAD = 0x70690002u };
-#define HDR (2 + DG_MAX_DIMS) /* ndim, shape, step */
+#define HDR (3 + DG_MAX_DIMS) /* ndim, dtype, shape, step */
+enum { S_HDR, S_ACT, S_GRAD, NSENDS };
+
+typedef struct {
+  dg_tensor *in, *out, *gout, *gin; /* gin: the input gradient sent back */
+  int slot;                         /* pool context, -1: none */
+  int done;                         /* every action ran; waits for its sends */
+  dg_work *sends[NSENDS];
+} pipe_mb;
 
 struct dg_pipe {
-  dg_pg *pg;
+  dg_pg *pg, *dp;
   dg_params *ps;
   dg_module *stage;
-  int K, s, M, first, last, nlayers;
+  int K, s, M, first, last, nlayers, remat, kind;
+  uint64_t seed;
   dg__pipe_table tab;
-  dg_ctx **mctx;      /* per micro-batch */
-  dg_tensor **in, **out, **gout;
-  int64_t *hdr_out;   /* (M, HDR) headers sent, alive until their sends end */
+  dg_ctx **pool; /* npool contexts */
+  int *owner;    /* micro-batch holding each, -1: free */
+  int npool;
+  dg_ctx *rctx;  /* re-materialization: tapeless forwards, recomputed backwards */
+  pipe_mb *mb;   /* M */
+  int64_t *hdr_out;    /* (M, HDR) headers sent, alive until their sends end */
   int64_t hdr_in[HDR]; /* the header being received (used at once) */
-  int64_t shape0[1 + DG_MAX_DIMS]; /* the step's boundary shape (ndim first) */
-  dg_work **sends;
-  int nsends;
+  int64_t shape0[HDR - 1]; /* the step's boundary: ndim, dtype, shape */
+  float *bufsave;      /* running statistics kept across a recomputation */
+  size_t nbuf;
+  double *cost;        /* measured per-layer cost, or NULL */
+  int eval;            /* running dg_pipe_eval */
   int64_t step;
-  double loss_sum;
+  double loss_sum, wait;
+  dg_pipe_stats st;
   char errmsg[512];
 };
 
 #define FAIL(p, code, ...) dg__fail_msg((p)->errmsg, sizeof (p)->errmsg, code, __VA_ARGS__)
 
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 dg_pipe_opts dg_pipe_defaults(void) {
   dg_pipe_opts o;
   memset(&o, 0, sizeof o);
+  o.optim_factor = 2;
   return o;
 }
 
@@ -53,13 +80,38 @@ int dg_pipe_stage(const dg_pipe *p, int *first, int *last) {
   return p->s;
 }
 
-/* Every rank states (layers, M, schedule, balance); all must agree. */
-static int agree(dg_pipe *p, const int *bounds, int kind, char *err, size_t cap) {
-  const int n = 3 + p->K + 1;
-  int64_t mine[3 + DG__PIPE_MAX_STAGES + 1], *all = dg__malloc((size_t)n * p->K * sizeof *all);
+void dg_pipe_set_train(dg_pipe *p, int train) {
+  if (p) dg_module_set_train(p->stage, train);
+}
+
+dg_module *dg_pipe_module(const dg_pipe *p) { return p ? p->stage : NULL; }
+
+int dg_pipe_get_stats(const dg_pipe *p, dg_pipe_stats *out) {
+  if (!p || !out) return DG_EINVAL;
+  *out = p->st;
+  out->arena_reserved = 0;
+  for (int k = 0; k < p->npool; k++) out->arena_reserved += dg_ctx_arena_reserved(p->pool[k]);
+  if (p->rctx) out->arena_reserved += dg_ctx_arena_reserved(p->rctx);
+  return DG_OK;
+}
+
+int dg_pipe_layer_cost(const dg_pipe *p, double *cost, int cap, int *n) {
+  if (!p || (!cost && cap)) return DG_EINVAL;
+  if (n) *n = p->nlayers;
+  if (!p->cost) return DG_ENOTFOUND;
+  for (int i = 0; i < p->nlayers && i < cap; i++) cost[i] = p->cost[i];
+  return DG_OK;
+}
+
+/* ---- creation ---- */
+
+/* Every rank states (layers, M, schedule, remat, balance); all must agree. */
+static int agree(dg_pipe *p, const int *bounds, char *err, size_t cap) {
+  const int n = 4 + p->K + 1;
+  int64_t mine[4 + DG__PIPE_MAX_STAGES + 1], *all = dg__malloc((size_t)n * p->K * sizeof *all);
   if (!all) return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
-  mine[0] = p->nlayers, mine[1] = p->M, mine[2] = kind;
-  for (int s = 0; s <= p->K; s++) mine[3 + s] = bounds[s];
+  mine[0] = p->nlayers, mine[1] = p->M, mine[2] = p->kind, mine[3] = p->remat;
+  for (int s = 0; s <= p->K; s++) mine[4 + s] = bounds[s];
   dg_work *w;
   int rc = dg_pg_allgather(p->pg, mine, all, (size_t)n, DG_I64, &w);
   if (!rc) rc = dg_work_wait(w, 0);
@@ -70,11 +122,12 @@ static int agree(dg_pipe *p, const int *bounds, int kind, char *err, size_t cap)
     if (memcmp(all + (size_t)r * n, mine, (size_t)n * sizeof *mine)) {
       const int64_t *o = all + (size_t)r * n;
       rc = dg__fail_msg(err, cap, DG_EMISMATCH, "pipe_new: rank %d has %lld layers, %lld "
-                        "micro-batches, schedule %s, stage 1 from layer %lld; rank %d has %lld, "
-                        "%lld, %s, %lld", p->s, (long long)mine[0], (long long)mine[1],
-                        dg__pipe_kind_name((int)mine[2]), (long long)(p->K > 1 ? mine[4] : 0),
-                        r, (long long)o[0], (long long)o[1], dg__pipe_kind_name((int)o[2]),
-                        (long long)(p->K > 1 ? o[4] : 0));
+                        "micro-batches, schedule %s, remat %lld, stage 1 from layer %lld; rank "
+                        "%d has %lld, %lld, %s, %lld, %lld", p->s, (long long)mine[0],
+                        (long long)mine[1], dg__pipe_kind_name((int)mine[2]), (long long)mine[3],
+                        (long long)(p->K > 1 ? mine[5] : 0), r, (long long)o[0], (long long)o[1],
+                        dg__pipe_kind_name((int)o[2]), (long long)o[3],
+                        (long long)(p->K > 1 ? o[5] : 0));
     }
   dg__free(all);
   return rc;
@@ -82,7 +135,7 @@ static int agree(dg_pipe *p, const int *bounds, int kind, char *err, size_t cap)
 
 /* Keeps layers [first, last) of seq (bound under their own names), frees
  * the rest. */
-static int take_stage(dg_pipe *p, dg_module *seq, uint64_t seed, char *err, size_t cap) {
+static int take_stage(dg_pipe *p, dg_module *seq, char *err, size_t cap) {
   dg_module *mid = NULL, *tail = NULL;
   int rc = dg_sequential_split(seq, p->last, &tail);
   if (!rc) rc = dg_sequential_split(seq, p->first, &mid);
@@ -94,26 +147,61 @@ static int take_stage(dg_pipe *p, dg_module *seq, uint64_t seed, char *err, size
                         p->first, p->last);
   }
   p->stage = mid;
-  rc = dg_module_bind(mid, p->ps, "", seed);
+  rc = dg_module_bind(mid, p->ps, "", p->seed);
   if (rc) return dg__fail_msg(err, cap, rc, "pipe_new: binding stage %d: %s", p->s,
                               dg_params_errmsg(p->ps));
   return DG_OK;
 }
 
-static int alloc_state(dg_pipe *p, char *err, size_t cap) {
+static int alloc_state(dg_pipe *p, int npool, char *err, size_t cap) {
   const size_t M = (size_t)p->M;
-  p->mctx = dg__calloc(M, sizeof *p->mctx);
-  p->in = dg__calloc(3 * M, sizeof *p->in);
+  p->npool = npool;
+  p->pool = dg__calloc((size_t)npool, sizeof *p->pool);
+  p->owner = dg__malloc((size_t)npool * sizeof *p->owner);
+  p->mb = dg__calloc(M, sizeof *p->mb);
   p->hdr_out = dg__calloc(M * HDR, sizeof *p->hdr_out);
-  p->sends = dg__calloc(3 * M, sizeof *p->sends); /* header, activation, gradient */
-  if (!p->mctx || !p->in || !p->hdr_out || !p->sends)
+  dg_params_buffer_data(p->ps, &p->nbuf);
+  p->bufsave = p->remat && p->nbuf ? dg__malloc(p->nbuf * sizeof *p->bufsave) : NULL;
+  if (!p->pool || !p->owner || !p->mb || !p->hdr_out || (p->remat && p->nbuf && !p->bufsave))
     return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
-  p->out = p->in + M, p->gout = p->in + 2 * M;
-  for (size_t m = 0; m < M; m++)
-    if (dg_ctx_new(&p->mctx[m], NULL))
+  for (size_t m = 0; m < M; m++) p->mb[m].slot = -1;
+  for (int k = 0; k < npool; k++) {
+    p->owner[k] = -1;
+    if (dg_ctx_new(&p->pool[k], NULL))
       return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
+  }
+  if (p->remat && dg_ctx_new(&p->rctx, NULL))
+    return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
   return DG_OK;
 }
+
+/* The stage bounds: explicit, measured, or even. */
+static int choose_bounds(dg_pipe *p, dg_module *seq, const dg_pipe_opts *o, int *bounds,
+                         char *err, size_t cap) {
+  if (p->nlayers < 0 || p->M < 1 || p->K > DG__PIPE_MAX_STAGES)
+    return dg__fail_msg(err, cap, DG_EINVAL, "pipe_new: need a Sequential, micro_batches >= 1 "
+                        "and at most %d ranks (got %d micro-batches, %d ranks)",
+                        DG__PIPE_MAX_STAGES, p->M, p->K);
+  if (o->balance) {
+    int rc = dg__pipe_balance_check(o->balance, p->K, p->nlayers, err, cap);
+    for (int s = 0; !rc && s <= p->K; s++) bounds[s] = s ? bounds[s - 1] + o->balance[s - 1] : 0;
+    return rc;
+  }
+  if (p->nlayers < p->K)
+    return dg__fail_msg(err, cap, DG_EINVAL, "pipe_new: %d layers cannot fill %d stages",
+                        p->nlayers, p->K);
+  if (o->profile_input) {
+    p->cost = dg__malloc((size_t)p->nlayers * sizeof *p->cost);
+    if (!p->cost) return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
+    dg__pipe_profile_args a = {seq, p->pg, o->profile_input, p->seed, p->M, p->kind,
+                               o->mem_cap, o->optim_factor};
+    return dg__pipe_profile(&a, p->cost, bounds, err, cap);
+  }
+  for (int s = 0; s <= p->K; s++) bounds[s] = (int)((int64_t)s * p->nlayers / p->K);
+  return DG_OK;
+}
+
+static int dp_setup(dg_pipe *p, char *err, size_t cap);
 
 int dg_pipe_new(dg_pipe **out, dg_pg *pg, dg_module *seq, dg_params *ps, uint64_t seed,
                 const dg_pipe_opts *opts, char *err, size_t cap) {
@@ -128,48 +216,167 @@ int dg_pipe_new(dg_pipe **out, dg_pg *pg, dg_module *seq, dg_params *ps, uint64_
     dg_module_free(seq);
     return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
   }
-  p->pg = pg, p->ps = ps, p->K = dg_pg_size(pg), p->s = dg_pg_rank(pg);
+  p->pg = pg, p->dp = o.dp_group, p->ps = ps, p->K = dg_pg_size(pg), p->s = dg_pg_rank(pg);
   p->M = o.micro_batches ? o.micro_batches : 1;
+  p->kind = (int)o.schedule, p->remat = !!o.remat, p->seed = seed;
   p->nlayers = dg_sequential_len(seq);
-  int bounds[DG__PIPE_MAX_STAGES + 1], rc = DG_OK;
-  if (p->nlayers < 0 || p->M < 1 || p->K > DG__PIPE_MAX_STAGES)
-    rc = dg__fail_msg(err, cap, DG_EINVAL, "pipe_new: need a Sequential, micro_batches >= 1 "
-                      "and at most %d ranks (got %d micro-batches, %d ranks)",
-                      DG__PIPE_MAX_STAGES, p->M, p->K);
-  else if (o.balance)
-    rc = dg__pipe_balance_check(o.balance, p->K, p->nlayers, err, cap);
-  else if (p->nlayers < p->K)
-    rc = dg__fail_msg(err, cap, DG_EINVAL, "pipe_new: %d layers cannot fill %d stages",
-                      p->nlayers, p->K);
-  for (int s = 0; !rc && s <= p->K; s++)
-    bounds[s] = o.balance ? (s ? bounds[s - 1] + o.balance[s - 1] : 0)
-                          : (int)((int64_t)s * p->nlayers / p->K);
-  if (!rc) rc = agree(p, bounds, (int)o.schedule, err, cap);
-  if (!rc) rc = dg__pipe_schedule(&p->tab, (int)o.schedule, p->K, p->M, err, cap);
-  if (!rc) rc = dg__pipe_validate(&p->tab, NULL, err, cap);
+  int bounds[DG__PIPE_MAX_STAGES + 1];
+  dg__pipe_stats ts;
+  int rc = choose_bounds(p, seq, &o, bounds, err, cap);
+  if (!rc) rc = agree(p, bounds, err, cap);
+  if (!rc) rc = dg__pipe_schedule(&p->tab, p->kind, p->K, p->M, err, cap);
+  if (!rc) rc = dg__pipe_validate(&p->tab, &ts, err, cap);
   if (!rc) p->first = bounds[p->s], p->last = bounds[p->s + 1];
-  if (!rc) rc = take_stage(p, seq, seed, err, cap);
+  if (!rc) rc = take_stage(p, seq, err, cap);
   else dg_module_free(seq);
-  if (!rc) rc = alloc_state(p, err, cap);
+  if (!rc) rc = alloc_state(p, ts.max_alive[p->s] > 0 ? ts.max_alive[p->s] : 1, err, cap);
+  if (!rc && p->dp) rc = dp_setup(p, err, cap);
   if (rc) {
     dg_pipe_free(p);
     return rc;
   }
+  p->st.contexts = p->npool;
   *out = p;
   return DG_OK;
 }
 
 void dg_pipe_free(dg_pipe *p) {
   if (!p) return;
-  for (int i = 0; i < p->nsends; i++) dg_work_free(p->sends[i]);
-  for (int m = 0; p->mctx && m < p->M; m++) dg_ctx_free(p->mctx[m]);
-  dg__free(p->mctx), dg__free(p->in), dg__free(p->hdr_out), dg__free(p->sends);
+  for (int m = 0; p->mb && m < p->M; m++)
+    for (int j = 0; j < NSENDS; j++) dg_work_free(p->mb[m].sends[j]);
+  for (int k = 0; p->pool && k < p->npool; k++) dg_ctx_free(p->pool[k]);
+  dg_ctx_free(p->rctx);
+  dg__free(p->pool), dg__free(p->owner), dg__free(p->mb), dg__free(p->hdr_out);
+  dg__free(p->bufsave), dg__free(p->cost);
   dg__pipe_table_free(&p->tab);
   dg_module_free(p->stage);
   dg__free(p);
 }
 
-/* ---- a step ---- */
+/* ---- DP x PP: the stage's replicas ---- */
+
+static int bcast_sync(dg_pg *pg, void *buf, size_t n, int root) {
+  dg_work *w = NULL;
+  int rc = dg_pg_broadcast(pg, buf, n, DG_F32, root, &w);
+  if (!rc) rc = dg_work_wait(w, 0);
+  dg_work_free(w);
+  return rc;
+}
+
+/* Collective over the replicas: they must hold the same stage; the
+ * parameters and buffers start as replica 0's. */
+static int dp_setup(dg_pipe *p, char *err, size_t cap) {
+  const int R = dg_pg_size(p->dp);
+  int64_t mine[4] = {p->s, p->first, p->last, dg_params_count(p->ps)};
+  int64_t *all = dg__malloc((size_t)4 * R * sizeof *all);
+  if (!all) return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
+  dg_work *w = NULL;
+  int rc = dg_pg_allgather(p->dp, mine, all, 4, DG_I64, &w);
+  if (!rc) rc = dg_work_wait(w, 0);
+  if (rc) dg__fail_msg(err, cap, rc, "pipe_new: stage %d: exchanging stages with the replicas: "
+                       "%s", p->s, w ? dg_work_errmsg(w) : dg_pg_errmsg(p->dp));
+  dg_work_free(w);
+  for (int r = 0; !rc && r < R; r++)
+    if (memcmp(all + 4 * r, mine, sizeof mine))
+      rc = dg__fail_msg(err, cap, DG_EMISMATCH, "pipe_new: replica rank %d holds stage %lld "
+                        "(layers %lld-%lld, %lld parameters), replica rank %d stage %lld (layers "
+                        "%lld-%lld, %lld): dp_group must join the ranks of one stage",
+                        dg_pg_rank(p->dp), (long long)mine[0], (long long)mine[1],
+                        (long long)mine[2] - 1, (long long)mine[3], r, (long long)all[4 * r],
+                        (long long)all[4 * r + 1], (long long)all[4 * r + 2] - 1,
+                        (long long)all[4 * r + 3]);
+  dg__free(all);
+  size_t n = 0, nb = 0;
+  float *v = dg_params_data(p->ps, &n), *b = dg_params_buffer_data(p->ps, &nb);
+  if (!rc && n) rc = bcast_sync(p->dp, v, n, 0);
+  if (!rc && nb) rc = bcast_sync(p->dp, b, nb, 0);
+  if (rc && !*err) dg__fail_msg(err, cap, rc, "pipe_new: stage %d: broadcasting the parameters "
+                                "over the replicas: %s", p->s, dg_pg_errmsg(p->dp));
+  return rc;
+}
+
+/* After the last backward: the gradients averaged over the replicas, the
+ * running statistics from replica 0. */
+static int dp_sync(dg_pipe *p) {
+  size_t n = 0, nb = 0;
+  float *g = dg_params_grad(p->ps, &n), *b = dg_params_buffer_data(p->ps, &nb);
+  int rc = n ? dg_pg_allreduce_sync(p->dp, g, n, DG_F32, DG_RED_AVG) : DG_OK;
+  if (!rc && nb) rc = bcast_sync(p->dp, b, nb, 0);
+  if (rc)
+    return FAIL(p, rc, "pipe step %lld: stage %d: averaging gradients over the replicas: %s",
+                (long long)p->step, p->s, dg_pg_errmsg(p->dp));
+  return DG_OK;
+}
+
+/* ---- micro-batch contexts ---- */
+
+/* Waits for m's sends, resets its context and returns it to the pool. */
+static int retire(dg_pipe *p, int m) {
+  pipe_mb *b = &p->mb[m];
+  int rc = DG_OK;
+  double t0 = now_s();
+  for (int j = 0; j < NSENDS; j++) {
+    if (!b->sends[j]) continue;
+    int e = dg_work_wait(b->sends[j], 0);
+    if (e && !rc)
+      rc = FAIL(p, e, "pipe step %lld: stage %d: %s of micro-batch %d to stage %d did not "
+                "complete: %s", (long long)p->step, p->s, j == S_GRAD ? "the gradient" :
+                "the activation", m, j == S_GRAD ? p->s - 1 : p->s + 1,
+                dg_work_errmsg(b->sends[j]));
+    dg_work_free(b->sends[j]);
+    b->sends[j] = NULL;
+  }
+  p->wait += now_s() - t0;
+  if (b->slot >= 0) {
+    dg_ctx_reset(p->pool[b->slot]);
+    p->owner[b->slot] = -1;
+  }
+  b->slot = -1, b->done = 0;
+  b->in = b->out = b->gout = b->gin = NULL;
+  return rc;
+}
+
+/* m's context: the one it holds, a free one, or the oldest finished one. */
+static dg_ctx *acquire(dg_pipe *p, int m) {
+  pipe_mb *b = &p->mb[m];
+  if (b->slot >= 0) return p->pool[b->slot];
+  int k = 0;
+  while (k < p->npool && p->owner[k] >= 0) k++;
+  if (k == p->npool) {
+    int old = -1;
+    for (int j = 0; j < p->M; j++)
+      if (p->mb[j].done && p->mb[j].slot >= 0) {
+        old = j;
+        break;
+      }
+    if (old < 0) {
+      FAIL(p, DG_ESTATE, "pipe step %lld: stage %d: micro-batch %d finds all %d contexts busy",
+           (long long)p->step, p->s, m, p->npool);
+      return NULL;
+    }
+    k = p->mb[old].slot;
+    if (retire(p, old)) return NULL;
+  }
+  p->owner[k] = m, b->slot = k;
+  dg_ctx *c = p->pool[k];
+  dg_ctx_set_grad_enabled(c, !p->eval);
+  return c;
+}
+
+/* Random numbers of (step, micro-batch), whichever context runs it: a
+ * recomputation draws what its forward drew. */
+static void seed_mb(dg_pipe *p, dg_ctx *c, int m) {
+  dg_ctx_set_rng_state(c, p->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(p->s + 1)),
+                       ((uint64_t)p->step * (uint64_t)p->M + (uint64_t)m) << 36);
+}
+
+static void track_memory(dg_pipe *p) {
+  size_t used = p->rctx ? dg_ctx_arena_used(p->rctx) : 0;
+  for (int k = 0; k < p->npool; k++) used += dg_ctx_arena_used(p->pool[k]);
+  if (used > p->st.arena_peak) p->st.arena_peak = used;
+}
+
+/* ---- messages ---- */
 
 typedef struct {
   dg_tensor *x, *targets;
@@ -182,8 +389,10 @@ typedef struct {
 static int recv_wait(dg_pipe *p, void *buf, size_t n, dg_dtype dt, int src, uint32_t tag,
                      const char *what, int m) {
   dg_work *w = NULL;
+  double t0 = now_s();
   int rc = dg_pg_recv(p->pg, buf, n, dt, src, tag, &w);
   if (!rc) rc = dg_work_wait(w, 0);
+  p->wait += now_s() - t0;
   if (rc)
     FAIL(p, rc, "pipe step %lld: stage %d: %s of micro-batch %d from stage %d: %s",
          (long long)p->step, p->s, what, m, src, w ? dg_work_errmsg(w) : dg_pg_errmsg(p->pg));
@@ -192,86 +401,172 @@ static int recv_wait(dg_pipe *p, void *buf, size_t n, dg_dtype dt, int src, uint
 }
 
 static int post_send(dg_pipe *p, const void *buf, size_t n, dg_dtype dt, int dst, uint32_t tag,
-                     const char *what, int m) {
+                     const char *what, int m, int j) {
   dg_work *w = NULL;
   int rc = dg_pg_send(p->pg, buf, n, dt, dst, tag, &w);
   if (rc)
     return FAIL(p, rc, "pipe step %lld: stage %d: %s of micro-batch %d to stage %d: %s",
                 (long long)p->step, p->s, what, m, dst, dg_pg_errmsg(p->pg));
-  p->sends[p->nsends++] = w;
+  p->mb[m].sends[j] = w;
   return DG_OK;
 }
 
-/* Header then data; the receiver checks the shape against the step's first. */
+static int bad_boundary(dg_pipe *p, int m, const int64_t *h) {
+  char a[96], b[96];
+  return FAIL(p, DG_ESHAPE, "pipe step %lld: stage %d: micro-batch %d arrives as %s %s, "
+              "micro-batch 0 as %s %s: a boundary's shape and dtype must not change within a "
+              "step", (long long)p->step, p->s, m, dg_dtype_name((dg_dtype)h[1]),
+              dg__dims_str((int)h[0], h + 2, a, sizeof a),
+              dg_dtype_name((dg_dtype)p->shape0[1]),
+              dg__dims_str((int)p->shape0[0], p->shape0 + 2, b, sizeof b));
+}
+
+/* Header then data; the receiver checks the header against the step's first. */
 static int recv_act(dg_pipe *p, int m) {
+  dg_ctx *c = acquire(p, m);
+  if (!c) return DG_ESTATE;
   int64_t *h = p->hdr_in;
   int rc = recv_wait(p, h, HDR, DG_I64, p->s - 1, TAG_ACT, "receiving the activation header", m);
   if (rc) return rc;
-  if (h[0] < 1 || h[0] > DG_MAX_DIMS || h[HDR - 1] != p->step)
+  if (h[0] < 1 || h[0] > DG_MAX_DIMS || h[1] < 0 || h[1] >= DG_NDTYPES || h[HDR - 1] != p->step)
     return FAIL(p, DG_EPEER, "pipe step %lld: stage %d: micro-batch %d: a malformed activation "
-                "header from stage %d (ndim %lld, step %lld)", (long long)p->step, p->s, m,
-                p->s - 1, (long long)h[0], (long long)h[HDR - 1]);
+                "header from stage %d (ndim %lld, dtype %lld, step %lld)", (long long)p->step,
+                p->s, m, p->s - 1, (long long)h[0], (long long)h[1], (long long)h[HDR - 1]);
   if (m == 0) memcpy(p->shape0, h, sizeof p->shape0);
-  else if (memcmp(p->shape0, h, sizeof p->shape0)) {
-    char a[96], b[96];
-    return FAIL(p, DG_ESHAPE, "pipe step %lld: stage %d: micro-batch %d arrives as %s, micro-"
-                "batch 0 as %s: a boundary's shape must not change within a step",
-                (long long)p->step, p->s, m, dg__dims_str((int)h[0], h + 1, a, sizeof a),
-                dg__dims_str((int)p->shape0[0], p->shape0 + 1, b, sizeof b));
-  }
-  dg_tensor *x = dg_empty(p->mctx[m], DG_F32, (int)h[0], h + 1);
-  if (!x) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(p->mctx[m]));
-  rc = recv_wait(p, dg_tensor_data(x), (size_t)dg_tensor_numel(x), DG_F32, p->s - 1, TAG_ACT,
+  else if (memcmp(p->shape0, h, sizeof p->shape0)) return bad_boundary(p, m, h);
+  const dg_dtype dt = (dg_dtype)h[1];
+  dg_tensor *x = dg_empty(c, dt, (int)h[0], h + 2);
+  if (!x) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
+  rc = recv_wait(p, dg_tensor_data(x), (size_t)dg_tensor_numel(x), dt, p->s - 1, TAG_ACT,
                  "receiving the activation", m);
-  dg_tensor_set_requires_grad(x, 1);
-  p->in[m] = x;
+  if (dt == DG_F32 && !p->eval) dg_tensor_set_requires_grad(x, 1);
+  p->mb[m].in = x;
   return rc;
 }
 
 static int send_act(dg_pipe *p, int m) {
-  dg_tensor *y = p->out[m];
+  dg_tensor *y = p->mb[m].out;
   int64_t *h = p->hdr_out + (size_t)m * HDR;
   memset(h, 0, HDR * sizeof *h);
   h[0] = dg_tensor_ndim(y);
-  memcpy(h + 1, dg_tensor_shape(y), (size_t)h[0] * sizeof *h);
+  h[1] = dg_tensor_dtype(y);
+  memcpy(h + 2, dg_tensor_shape(y), (size_t)h[0] * sizeof *h);
   h[HDR - 1] = p->step;
-  int rc = post_send(p, h, HDR, DG_I64, p->s + 1, TAG_ACT, "sending the activation header", m);
-  return rc ? rc : post_send(p, dg_tensor_data(y), (size_t)dg_tensor_numel(y), DG_F32, p->s + 1,
-                             TAG_ACT, "sending the activation", m);
+  int rc = post_send(p, h, HDR, DG_I64, p->s + 1, TAG_ACT, "sending the activation header", m,
+                     S_HDR);
+  if (!rc)
+    rc = post_send(p, dg_tensor_data(y), (size_t)dg_tensor_numel(y), dg_tensor_dtype(y),
+                   p->s + 1, TAG_ACT, "sending the activation", m, S_ACT);
+  if (!rc && p->eval) p->mb[m].done = 1; /* nothing comes back */
+  return rc;
+}
+
+/* ---- compute ---- */
+
+/* The stage on micro-batch m in c: its output, or on the last stage its
+ * loss scaled by 1/M (counted into the step's loss when `count`). */
+static dg_tensor *run_stage(dg_pipe *p, const step_args *a, dg_ctx *c, int m, int count) {
+  seed_mb(p, c, m);
+  dg_tensor *y = dg_module_forward(p->stage, c, p->mb[m].in);
+  if (p->s < p->K - 1) return y ? dg_contiguous(c, y) : NULL;
+  dg_tensor *t = y ? dg_slice(c, a->targets, m * a->mb, (m + 1) * a->mb) : NULL;
+  dg_tensor *l = t ? a->loss_fn(a->user, c, y, t) : NULL;
+  if (l && dg_tensor_numel(l) != 1) {
+    dg__set_error(c, DG_ESHAPE, "the loss function returned %lld elements, want 1",
+                  (long long)dg_tensor_numel(l));
+    return NULL;
+  }
+  if (l && count) p->loss_sum += dg_tensor_item(l);
+  return l ? dg_scale(c, l, 1.0f / (float)p->M) : NULL; /* mean over micro-batches */
+}
+
+static int stage_failed(dg_pipe *p, dg_ctx *c, int m, const char *what) {
+  return FAIL(p, dg_ctx_errcode(c) ? dg_ctx_errcode(c) : DG_EINVAL, "pipe step %lld: stage %d "
+              "(layers %d-%d), %s of micro-batch %d: %s", (long long)p->step, p->s, p->first,
+              p->last - 1, what, m, dg_ctx_errmsg(c));
+}
+
+/* A copy of t in c (what must outlive the scratch context). */
+static dg_tensor *keep(dg_ctx *c, const dg_tensor *t) {
+  dg_tensor *k = dg_empty(c, dg_tensor_dtype(t), dg_tensor_ndim(t), dg_tensor_shape(t));
+  if (k) memcpy(dg_tensor_data(k), dg_tensor_data(t),
+                (size_t)dg_tensor_numel(t) * dg_dtype_size(dg_tensor_dtype(t)));
+  return k;
 }
 
 static int forward(dg_pipe *p, const step_args *a, int m) {
-  dg_ctx *c = p->mctx[m];
-  if (p->s == 0) {
-    p->in[m] = dg_slice(c, a->x, m * a->mb, (m + 1) * a->mb);
+  dg_ctx *c = acquire(p, m);
+  if (!c) return DG_ESTATE;
+  pipe_mb *b = &p->mb[m];
+  if (p->s == 0) b->in = dg_slice(c, a->x, m * a->mb, (m + 1) * a->mb);
+  if (!p->remat || p->eval) {
+    b->out = run_stage(p, a, c, m, 1);
+    if (!b->out) return stage_failed(p, c, m, "forward");
+  } else { /* no tape: keep the output only */
+    dg_ctx_set_grad_enabled(p->rctx, 0);
+    dg_tensor *y = run_stage(p, a, p->rctx, m, 1);
+    if (!y) return stage_failed(p, p->rctx, m, "forward");
+    b->out = p->s < p->K - 1 ? keep(c, y) : NULL;
+    dg_ctx_reset(p->rctx);
+    if (p->s < p->K - 1 && !b->out)
+      return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
   }
-  dg_tensor *y = dg_module_forward(p->stage, c, p->in[m]);
-  if (p->s == p->K - 1) {
-    dg_tensor *t = dg_slice(c, a->targets, m * a->mb, (m + 1) * a->mb);
-    dg_tensor *l = y && t ? a->loss_fn(a->user, c, y, t) : NULL;
-    if (l && dg_tensor_numel(l) != 1)
-      return FAIL(p, DG_ESHAPE, "pipe step %lld: the loss function returned %lld elements, "
-                  "want 1", (long long)p->step, (long long)dg_tensor_numel(l));
-    if (l) p->loss_sum += dg_tensor_item(l);
-    y = l ? dg_scale(c, l, 1.0f / (float)p->M) : NULL; /* mean over micro-batches */
-  } else if (y) {
-    y = dg_contiguous(c, y);
-  }
-  if (!y)
-    return FAIL(p, dg_ctx_errcode(c) ? dg_ctx_errcode(c) : DG_EINVAL, "pipe step %lld: stage "
-                "%d (layers %d-%d), micro-batch %d: %s", (long long)p->step, p->s, p->first,
-                p->last - 1, m, dg_ctx_errmsg(c));
-  p->out[m] = y;
+  if (p->eval && p->s == p->K - 1) b->done = 1;
   return DG_OK;
 }
 
-static int backward(dg_pipe *p, int m) {
-  dg_ctx *c = p->mctx[m];
-  int rc = p->s == p->K - 1 ? dg_backward(c, p->out[m]) : dg_backward_with(c, p->out[m], p->gout[m]);
-  if (rc)
-    return FAIL(p, rc, "pipe step %lld: stage %d, backward of micro-batch %d: %s",
-                (long long)p->step, p->s, m, dg_ctx_errmsg(c));
+static int recv_grad(dg_pipe *p, int m) {
+  pipe_mb *b = &p->mb[m];
+  if (dg_tensor_dtype(b->out) != DG_F32) return DG_OK; /* no gradient flows through it */
+  dg_ctx *c = p->pool[b->slot];
+  b->gout = dg_empty(c, DG_F32, dg_tensor_ndim(b->out), dg_tensor_shape(b->out));
+  if (!b->gout) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
+  return recv_wait(p, dg_tensor_data(b->gout), (size_t)dg_tensor_numel(b->gout), DG_F32,
+                   p->s + 1, TAG_GRAD, "receiving the gradient", m);
+}
+
+/* Re-materialization: the stage again, with a tape, in the scratch context;
+ * the running statistics as the forward left them. */
+static dg_tensor *recompute(dg_pipe *p, const step_args *a, int m) {
+  size_t nb = 0;
+  float *buf = dg_params_buffer_data(p->ps, &nb);
+  if (nb) memcpy(p->bufsave, buf, nb * sizeof *buf);
+  dg_ctx_set_grad_enabled(p->rctx, 1);
+  dg_tensor *y = run_stage(p, a, p->rctx, m, 0);
+  if (nb) memcpy(buf, p->bufsave, nb * sizeof *buf);
+  return y;
+}
+
+static int backward(dg_pipe *p, const step_args *a, int m) {
+  pipe_mb *b = &p->mb[m];
+  const int last = p->s == p->K - 1;
+  if (!last && !b->gout) { /* an integer boundary: nothing to differentiate */
+    if (p->s == 0) b->done = 1;
+    return DG_OK;
+  }
+  dg_ctx *c = p->pool[b->slot], *bc = p->remat ? p->rctx : c;
+  dg_tensor *y = p->remat ? recompute(p, a, m) : b->out;
+  if (!y) return stage_failed(p, bc, m, "recomputation");
+  int rc = last ? dg_backward(bc, y) : dg_backward_with(bc, y, b->gout);
+  if (rc) return stage_failed(p, bc, m, "backward");
+  if (p->s > 0 && dg_tensor_dtype(b->in) == DG_F32) {
+    dg_tensor *g = dg_tensor_grad(b->in);
+    if (!g) return FAIL(p, DG_ESTATE, "pipe step %lld: stage %d: micro-batch %d: the stage's "
+                        "input got no gradient", (long long)p->step, p->s, m);
+    b->gin = p->remat ? keep(c, g) : g;
+    if (!b->gin) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
+  }
+  if (p->remat) dg_ctx_reset(p->rctx);
+  if (p->s == 0) b->done = 1;
   return DG_OK;
+}
+
+static int send_grad(dg_pipe *p, int m) {
+  pipe_mb *b = &p->mb[m];
+  b->done = 1;
+  if (!b->gin) return DG_OK; /* an integer boundary */
+  return post_send(p, dg_tensor_data(b->gin), (size_t)dg_tensor_numel(b->gin), DG_F32,
+                   p->s - 1, TAG_GRAD, "sending the gradient", m, S_GRAD);
 }
 
 static int run_action(dg_pipe *p, const step_args *a, const dg__pipe_action *act) {
@@ -280,77 +575,94 @@ static int run_action(dg_pipe *p, const step_args *a, const dg__pipe_action *act
   case DG__PIPE_RECV_ACT: return recv_act(p, m);
   case DG__PIPE_FWD: return forward(p, a, m);
   case DG__PIPE_SEND_ACT: return send_act(p, m);
-  case DG__PIPE_RECV_GRAD: {
-    dg_tensor *g = dg_empty(p->mctx[m], DG_F32, dg_tensor_ndim(p->out[m]),
-                            dg_tensor_shape(p->out[m]));
-    if (!g) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(p->mctx[m]));
-    p->gout[m] = g;
-    return recv_wait(p, dg_tensor_data(g), (size_t)dg_tensor_numel(g), DG_F32, p->s + 1,
-                     TAG_GRAD, "receiving the gradient", m);
-  }
-  case DG__PIPE_BWD: return backward(p, m);
-  case DG__PIPE_SEND_GRAD: {
-    dg_tensor *g = dg_tensor_grad(p->in[m]);
-    if (!g) return FAIL(p, DG_ESTATE, "pipe step %lld: stage %d: micro-batch %d: the stage's "
-                        "input got no gradient", (long long)p->step, p->s, m);
-    return post_send(p, dg_tensor_data(g), (size_t)dg_tensor_numel(g), DG_F32, p->s - 1,
-                     TAG_GRAD, "sending the gradient", m);
-  }
+  case DG__PIPE_RECV_GRAD: return recv_grad(p, m);
+  case DG__PIPE_BWD: return backward(p, a, m);
+  case DG__PIPE_SEND_GRAD: return send_grad(p, m);
   }
   return FAIL(p, DG_EINVAL, "pipe: bad action %d", act->op);
 }
 
-/* Ends a step: every send finished, every micro-batch's context reset. */
+/* ---- a step ---- */
+
+/* Ends a step: every send finished, every context back in the pool. */
 static int end_step(dg_pipe *p, int rc) {
-  for (int i = 0; i < p->nsends; i++) {
-    int e = dg_work_wait(p->sends[i], 0);
-    if (e && !rc)
-      rc = FAIL(p, e, "pipe step %lld: stage %d: a send did not complete: %s", (long long)p->step,
-                p->s, dg_work_errmsg(p->sends[i]));
-    dg_work_free(p->sends[i]);
-  }
-  p->nsends = 0;
   for (int m = 0; m < p->M; m++) {
-    dg_ctx_reset(p->mctx[m]);
-    p->in[m] = p->out[m] = p->gout[m] = NULL;
+    int e = retire(p, m);
+    if (e && !rc) rc = e;
   }
+  if (p->rctx) dg_ctx_reset(p->rctx);
   return rc;
 }
 
 static int check_inputs(dg_pipe *p, const step_args *a) {
   dg_tensor *t = p->s == 0 ? a->x : p->s == p->K - 1 ? a->targets : NULL;
+  const char *fn = p->eval ? "pipe_eval" : "pipe_step";
   if ((p->s == 0 && !a->x) || (p->s == p->K - 1 && (!a->targets || !a->loss_fn)))
-    return FAIL(p, DG_EINVAL, "pipe_step: stage %d needs %s", p->s,
+    return FAIL(p, DG_EINVAL, "%s: stage %d needs %s", fn, p->s,
                 p->s == 0 ? "the batch x" : "the targets and a loss function");
   if (t && dg_tensor_dim(t, 0) % p->M)
-    return FAIL(p, DG_ESHAPE, "pipe_step: %lld rows do not split into %d micro-batches",
+    return FAIL(p, DG_ESHAPE, "%s: %lld rows do not split into %d micro-batches", fn,
                 (long long)dg_tensor_dim(t, 0), p->M);
+  if (p->s == 0 && p->s == p->K - 1 && dg_tensor_dim(a->x, 0) != dg_tensor_dim(a->targets, 0))
+    return FAIL(p, DG_ESHAPE, "%s: %lld rows of x, %lld of targets", fn,
+                (long long)dg_tensor_dim(a->x, 0), (long long)dg_tensor_dim(a->targets, 0));
   return DG_OK;
+}
+
+/* The mean loss from the last stage to every rank. */
+static int share_loss(dg_pipe *p, int rc, float *loss) {
+  float l = (float)(p->loss_sum / p->M);
+  if (!rc) {
+    double t0 = now_s();
+    rc = bcast_sync(p->pg, &l, 1, p->K - 1);
+    p->wait += now_s() - t0;
+    if (rc) FAIL(p, rc, "pipe step %lld: stage %d: the loss broadcast failed: %s",
+                 (long long)p->step, p->s, dg_pg_errmsg(p->pg));
+  }
+  if (loss) *loss = rc ? NAN : l;
+  return rc;
+}
+
+static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn loss_fn,
+               void *user, float *loss, int eval) {
+  if (!p) return DG_EINVAL;
+  const double t0 = now_s();
+  step_args a = {x, targets, loss_fn, user, 0};
+  p->errmsg[0] = '\0';
+  p->loss_sum = 0, p->wait = 0, p->eval = eval, p->st.arena_peak = 0;
+  int rc = check_inputs(p, &a);
+  dg_tensor *rows = p->s == 0 ? x : targets;
+  if (!rc && rows) a.mb = dg_tensor_dim(rows, 0) / p->M;
+  if (eval) { /* receive, forward, send: each micro-batch in turn */
+    for (int m = 0; !rc && m < p->M; m++) {
+      if (p->s > 0) rc = recv_act(p, m);
+      if (!rc) rc = forward(p, &a, m);
+      if (!rc && p->s < p->K - 1) rc = send_act(p, m);
+      track_memory(p);
+    }
+  } else {
+    for (int i = p->tab.off[p->s]; !rc && i < p->tab.off[p->s + 1]; i++) {
+      rc = run_action(p, &a, &p->tab.act[i]);
+      track_memory(p);
+    }
+  }
+  rc = end_step(p, rc);
+  if (!rc && !eval && p->dp) rc = dp_sync(p);
+  rc = share_loss(p, rc, loss);
+  p->eval = 0;
+  p->step++;
+  p->st.steps++;
+  p->st.step_seconds = now_s() - t0;
+  p->st.wait_seconds = p->wait;
+  return rc;
 }
 
 int dg_pipe_step(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn loss_fn,
                  void *user, float *loss) {
-  if (!p) return DG_EINVAL;
-  step_args a = {x, targets, loss_fn, user, 0};
-  p->errmsg[0] = '\0';
-  p->loss_sum = 0;
-  int rc = check_inputs(p, &a);
-  dg_tensor *rows = p->s == 0 ? x : targets;
-  if (!rc && rows) a.mb = dg_tensor_dim(rows, 0) / p->M;
-  for (int i = p->tab.off[p->s]; !rc && i < p->tab.off[p->s + 1]; i++)
-    rc = run_action(p, &a, &p->tab.act[i]);
-  rc = end_step(p, rc);
-  /* the mean loss from the last stage to every rank */
-  float l = (float)(p->loss_sum / p->M);
-  if (!rc) {
-    dg_work *w = NULL;
-    rc = dg_pg_broadcast(p->pg, &l, 1, DG_F32, p->K - 1, &w);
-    if (!rc) rc = dg_work_wait(w, 0);
-    if (rc) FAIL(p, rc, "pipe step %lld: stage %d: the loss broadcast failed: %s",
-                 (long long)p->step, p->s, w ? dg_work_errmsg(w) : dg_pg_errmsg(p->pg));
-    dg_work_free(w);
-  }
-  if (loss) *loss = rc ? NAN : l;
-  p->step++;
-  return rc;
+  return run(p, x, targets, loss_fn, user, loss, 0);
+}
+
+int dg_pipe_eval(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn loss_fn,
+                 void *user, float *loss) {
+  return run(p, x, targets, loss_fn, user, loss, 1);
 }

@@ -18,9 +18,20 @@
  * stage into ps under the names the whole model would have ("3.weight"),
  * initialised from `seed` exactly as dg_module_bind(seq, ps, "", seed)
  * would on one process. Stage s holds layers [first[s], first[s + 1]):
- * opts.balance gives the layers per stage, else they are split evenly by
- * count (the partition by measured time is dist/pipe_plan.c's, not wired
- * in yet).
+ * opts.balance gives the layers per stage; else, with opts.profile_input,
+ * the split is chosen by measured time (below); else the layers are split
+ * evenly by count.
+ *
+ * Balance by time. Every rank times the forward and backward of a share of
+ * the layers (layer i on rank i % K) on profile_input (one micro-batch for
+ * stage 0, the same on every rank), the costs are summed over the group,
+ * and an exact min-max contiguous partition (dist/pipe_plan.c, tested
+ * against brute force) picks the split; identical on every rank. With
+ * mem_cap > 0 no stage may need more than mem_cap bytes, counted as each
+ * layer's parameter bytes x (2 + optim_factor) (values, gradients, the
+ * optimizer's state) plus its saved activations x the micro-batches the
+ * schedule keeps alive (M for GPipe, min(M, K) for 1F1B). dg_pipe_layer_cost
+ * returns the measured costs.
  *
  * A step. The batch (B, ...) given to stage 0 is cut into M micro-batches
  * along dim 0 (B % M == 0); each stage runs the schedule's table
@@ -32,13 +43,32 @@
  * batch's mean loss on one process. The mean loss is returned on every
  * rank. Gradients accumulate into ps; the optimizer steps after.
  *
- * Boundaries carry one f32 tensor per micro-batch; its shape travels with
- * it and must not change between the micro-batches of a step (an error
+ * Memory. A micro-batch's activations live in one of a few contexts the
+ * pipe owns, as many as the schedule keeps micro-batches alive on this
+ * stage (the table's validator counts them), and return to the pool once
+ * its backward ran and its sends completed: 1F1B's first stage holds about
+ * min(M, K) micro-batches where GPipe holds M. With opts.remat, a forward
+ * keeps only its boundary input and output (the stage runs without a tape)
+ * and the backward recomputes the stage first, with the same random
+ * numbers and without moving BatchNorm's running statistics twice; the
+ * recomputation has one context of its own, reused by every micro-batch.
+ *
+ * Boundaries carry one tensor per micro-batch, of any dtype (a gradient
+ * flows back only through f32), with its shape and dtype in a header; the
+ * shape must not change between the micro-batches of a step (an error
  * naming both shapes, not a hang).
+ *
+ * DP x PP. With opts.dp_group (the ranks that hold the same stage in other
+ * replicas; each replica's stages form `pg`), the stage's gradients are
+ * averaged over dp_group once per step, after the last micro-batch's
+ * backward, and the running statistics are broadcast from its rank 0; the
+ * parameters are broadcast from it at creation. Build both groups with
+ * dg_pg_new_group.
  *
  * Failure. Every wait is bounded by the group's timeout; an error names the
  * step, the action, the micro-batch and the peer stage. Ranks that disagree
- * on M, the schedule or the balance fail in dg_pipe_new naming both. */
+ * on the layers, M, the schedule, re-materialization or the balance fail in
+ * dg_pipe_new naming both. */
 #ifndef DGRAD_PIPE_H
 #define DGRAD_PIPE_H
 
@@ -57,8 +87,23 @@ typedef enum { DG_PIPE_GPIPE = 0, DG_PIPE_1F1B = 1 } dg_pipe_schedule;
 typedef struct {
   int micro_batches;          /* M >= 1; 0 means 1 */
   dg_pipe_schedule schedule;  /* default GPipe */
-  const int *balance;         /* world-size entries, sum = layers; NULL: even */
+  const int *balance;         /* world-size entries, sum = layers; NULL: by time or even */
+  dg_tensor *profile_input;   /* one micro-batch for stage 0: balance by time; NULL: even */
+  double mem_cap;             /* bytes per stage when balancing by time; 0: no cap */
+  double optim_factor;        /* optimizer state per parameter byte (AdamW 2); default 2 */
+  int remat;                  /* 1: keep boundaries only, recompute in backward */
+  dg_pg *dp_group;            /* DP x PP: this stage's replicas; NULL: none */
 } dg_pipe_opts;
+
+/* What the last step did on this stage (dg_pipe_get_stats). */
+typedef struct {
+  int64_t steps;          /* training and eval steps run */
+  double step_seconds;    /* wall time of the last step */
+  double wait_seconds;    /* of it, blocked on peers: receives, sends, the loss */
+  size_t arena_peak;      /* most bytes in use at once by the stage's contexts, last step */
+  size_t arena_reserved;  /* bytes the stage's contexts hold now */
+  int contexts;           /* micro-batch contexts: the schedule's most alive at once */
+} dg_pipe_stats;
 
 /* Loss of one micro-batch on the last stage: out (mb, ...) and targets
  * (mb, ...) in ctx -> a one-element tensor (NULL on error, detail in ctx). */
@@ -81,6 +126,23 @@ DG_API void dg_pipe_free(dg_pipe *p);
  * rank. Gradients accumulate into this stage's parameters. */
 DG_API int dg_pipe_step(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn loss_fn,
                         void *user, float *loss);
+
+/* Forward only (collective), e.g. for validation: x on stage 0, targets and
+ * loss_fn on the last stage as for a step; no tape, no gradients. *loss:
+ * the mean loss on every rank. loss_fn sees every micro-batch's output, so
+ * it may also count what user asks (accuracy). */
+DG_API int dg_pipe_eval(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn loss_fn,
+                        void *user, float *loss);
+
+/* Train or eval mode of this stage's layers (dropout, BatchNorm). */
+DG_API void dg_pipe_set_train(dg_pipe *p, int train);
+/* This stage's layers (a Sequential owned by the pipe), e.g. to save them. */
+DG_API dg_module *dg_pipe_module(const dg_pipe *p);
+DG_API int dg_pipe_get_stats(const dg_pipe *p, dg_pipe_stats *out);
+/* Per-layer seconds (forward + backward of one micro-batch) measured when
+ * balancing by time: n layers into cost (cap entries); DG_ENOTFOUND when
+ * the balance was not measured. */
+DG_API int dg_pipe_layer_cost(const dg_pipe *p, double *cost, int cap, int *n);
 
 /* This rank's stage and its layer range [first, last). */
 DG_API int dg_pipe_stage(const dg_pipe *p, int *first, int *last);

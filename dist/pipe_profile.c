@@ -1,0 +1,141 @@
+/* Balance by time (issue #13 item 4): each rank times its share of the
+ * layers on a sample micro-batch, the group sums the costs, and every rank
+ * computes the same exact partition from them. */
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+#include "dgrad/autograd.h"
+#include "dgrad/ops.h"
+#include "core/core_impl.h"
+#include "dist/pipe_plan.h"
+#include "dist/pipe_profile.h"
+
+enum { REPS = 3 }; /* timed runs per layer after one warm-up; the best counts */
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Bytes of a layer's parameters and of its buffers: bound alone into a
+ * scratch store (the sizes do not depend on the names). */
+static int layer_bytes(dg_module *l, uint64_t seed, double *params, double *bufs) {
+  dg_params *one;
+  if (dg_params_new(&one)) return DG_ENOMEM;
+  int rc = dg_module_bind(l, one, "p", seed);
+  size_t nb = 0;
+  dg_params_buffer_data(one, &nb);
+  *params = 4.0 * (double)dg_params_numel(one, 0);
+  *bufs = 4.0 * (double)nb;
+  dg_params_free(one);
+  return rc;
+}
+
+/* Seconds of layer l's forward and backward on x (best of REPS after a
+ * warm-up) and the arena bytes its forward keeps for the backward. */
+static int time_layer(dg_module *l, dg_ctx *c, const dg_tensor *x, double *secs, double *act) {
+  *secs = INFINITY;
+  for (int r = 0; r <= REPS; r++) {
+    dg_ctx_reset(c);
+    dg_tensor *xi = dg_empty(c, dg_tensor_dtype(x), dg_tensor_ndim(x), dg_tensor_shape(x));
+    if (!xi) return dg_ctx_errcode(c);
+    memcpy(dg_tensor_data(xi), dg_tensor_data(x),
+           (size_t)dg_tensor_numel(x) * dg_dtype_size(dg_tensor_dtype(x)));
+    if (dg_tensor_dtype(x) == DG_F32) dg_tensor_set_requires_grad(xi, 1);
+    const size_t used = dg_ctx_arena_used(c);
+    double t0 = now_s();
+    dg_tensor *y = dg_module_forward(l, c, xi);
+    if (!y) return dg_ctx_errcode(c) ? dg_ctx_errcode(c) : DG_EINVAL;
+    double tf = now_s() - t0;
+    *act = (double)(dg_ctx_arena_used(c) - used);
+    double tb = 0;
+    if (dg_tensor_requires_grad(y)) {
+      dg_tensor *g = dg_full(c, dg_tensor_ndim(y), dg_tensor_shape(y), 1.0f);
+      if (!g) return dg_ctx_errcode(c);
+      t0 = now_s();
+      int rc = dg_backward_with(c, y, g);
+      if (rc) return rc;
+      tb = now_s() - t0;
+    }
+    if (r > 0 && tf + tb < *secs) *secs = tf + tb;
+  }
+  return DG_OK;
+}
+
+/* Times this rank's layers (i % K == rank) with the model bound to tps;
+ * the inputs come from a tapeless forward of the chain. ns and mem stay
+ * zero for the other layers. */
+static int measure(const dg__pipe_profile_args *a, dg_params *tps, int n, int64_t *ns,
+                   int64_t *mem, char *err, size_t cap) {
+  const int K = dg_pg_size(a->pg), rank = dg_pg_rank(a->pg);
+  const double inflight = a->kind == 1 ? (a->M < K ? a->M : K) : a->M;
+  int rc = DG_OK;
+  for (int i = rank; !rc && i < n; i += K) { /* sizes first: this binds layers alone */
+    double pb = 0, bb = 0;
+    rc = layer_bytes(dg_sequential_get(a->seq, i), a->seed, &pb, &bb);
+    mem[i] = (int64_t)(pb * (2.0 + a->optim_factor) + bb);
+  }
+  if (!rc && dg_module_bind(a->seq, tps, "", a->seed))
+    rc = DG_EINVAL;
+  if (rc)
+    return dg__fail_msg(err, cap, rc, "pipe_new: balance by time: binding the model: %s",
+                        dg_params_errmsg(tps));
+  dg_ctx *chain = NULL, *c = NULL;
+  rc = dg_ctx_new(&chain, NULL) || dg_ctx_new(&c, NULL) ? DG_ENOMEM : DG_OK;
+  if (rc) dg__fail_msg(err, cap, rc, "pipe_new: balance by time: out of memory");
+  if (!rc) dg_ctx_set_grad_enabled(chain, 0);
+  dg_tensor *x = a->sample;
+  for (int i = 0; !rc && i < n; i++) {
+    dg_module *l = dg_sequential_get(a->seq, i);
+    if (i % K == rank) {
+      double secs = 0, act = 0;
+      rc = time_layer(l, c, x, &secs, &act);
+      if (rc) {
+        dg__fail_msg(err, cap, rc, "pipe_new: balance by time: rank %d timing layer %d (%s): "
+                     "%s", rank, i, dg_module_type(l), dg_ctx_errmsg(c));
+        break;
+      }
+      ns[i] = (int64_t)(secs * 1e9) + 1; /* never 0: an empty layer still costs a hop */
+      mem[i] += (int64_t)(act * inflight);
+    }
+    x = dg_module_forward(l, chain, x);
+    if (!x)
+      rc = dg__fail_msg(err, cap, dg_ctx_errcode(chain), "pipe_new: balance by time: layer %d "
+                        "(%s) on the profile input: %s", i, dg_module_type(l),
+                        dg_ctx_errmsg(chain));
+  }
+  dg_ctx_free(c);
+  dg_ctx_free(chain);
+  return rc;
+}
+
+int dg__pipe_profile(const dg__pipe_profile_args *a, double *cost, int *bounds, char *err,
+                     size_t cap) {
+  const int n = dg_sequential_len(a->seq), K = dg_pg_size(a->pg);
+  int64_t *v = dg__calloc(2 * (size_t)n, sizeof *v);
+  double *mem = dg__malloc((size_t)n * sizeof *mem);
+  dg_params *tps = NULL;
+  int rc = !v || !mem || dg_params_new(&tps) ? DG_ENOMEM : DG_OK;
+  if (rc) dg__fail_msg(err, cap, rc, "pipe_new: balance by time: out of memory");
+  if (!rc) rc = measure(a, tps, n, v, v + n, err, cap);
+  /* a failed rank still joins the sum, so that no rank waits for it */
+  int64_t failed = rc != DG_OK;
+  int e = dg_pg_allreduce_sync(a->pg, &failed, 1, DG_I64, DG_RED_SUM);
+  if (!e && !failed) e = dg_pg_allreduce_sync(a->pg, v, 2 * (size_t)n, DG_I64, DG_RED_SUM);
+  if (e && !rc)
+    rc = dg__fail_msg(err, cap, e, "pipe_new: balance by time: summing the costs: %s",
+                      dg_pg_errmsg(a->pg));
+  else if (failed && !rc)
+    rc = dg__fail_msg(err, cap, DG_EPEER, "pipe_new: balance by time: %lld rank(s) failed to "
+                      "time their layers", (long long)failed);
+  for (int i = 0; !rc && i < n; i++) cost[i] = 1e-9 * (double)v[i], mem[i] = (double)v[n + i];
+  double worst = 0;
+  if (!rc)
+    rc = dg__pipe_partition(cost, a->mem_cap > 0 ? mem : NULL, n, K, a->mem_cap, bounds, &worst,
+                            err, cap);
+  dg_params_free(tps); /* seq's layers are bound again by the caller */
+  dg__free(v), dg__free(mem);
+  return rc;
+}

@@ -1,0 +1,403 @@
+/* The pipe beyond plain equivalence (issue #13), on 2 ranks:
+ * - eval: forward only, the mean loss equals the whole model's, train and
+ *   eval mode (BatchNorm's running statistics), no gradient written;
+ * - memory: 1F1B's first stage holds about min(M, K) micro-batches of
+ *   activations where GPipe holds M (arena peak, M = 8);
+ * - an integer boundary (token ids from stage 0 into an embedding);
+ * - re-materialization with dropout: bit-identical to the pipe without it;
+ * - balance by time: the measured costs give the optimal split (against
+ *   brute force over every split), the same on both ranks, and the model
+ *   trains as on one process.
+ *   test_pipe_more */
+#include "dgrad/pipe.h"
+#include "tests/ddp/ddp_util.h"
+
+#define B 16
+#define IN 8
+#define NCLS 4
+
+/* l by address: the call that sets it is an argument too */
+static void add(dg_module *seq, int rc, dg_module **l) {
+  REQUIRE(rc == DG_OK && dg_sequential_add(seq, *l, NULL) == DG_OK);
+}
+
+/* Linear 8-16, BatchNorm, Tanh, Linear 16-16, Dropout, Tanh, Linear 16-4 */
+static dg_module *model(int bn, float drop) {
+  dg_module *seq, *l;
+  REQUIRE(dg_nn_sequential(&seq) == DG_OK);
+  add(seq, dg_nn_linear(&l, IN, 16, 1), &l);
+  if (bn) add(seq, dg_nn_batchnorm1d(&l, 16, 1e-5f, 0.1f), &l);
+  add(seq, dg_nn_tanh(&l), &l);
+  add(seq, dg_nn_linear(&l, 16, 16, 1), &l);
+  if (drop > 0) add(seq, dg_nn_dropout(&l, drop), &l);
+  add(seq, dg_nn_tanh(&l), &l);
+  add(seq, dg_nn_linear(&l, 16, NCLS, 1), &l);
+  return seq;
+}
+
+static dg_tensor *ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) {
+  if (user) ++*(int *)user; /* micro-batches seen */
+  return dg_cross_entropy(ctx, out, t);
+}
+
+static void batch(int step, float *x, int64_t *y) {
+  dg_rng_normal(7, (uint64_t)step * B * IN, x, B * IN);
+  for (int i = 0; i < B; i++) y[i] = (i * 5 + step) % NCLS;
+}
+
+static double max_rel(dg_params *a, dg_params *b) {
+  double rel = 0;
+  for (int i = 0; i < dg_params_count(a); i++) {
+    dg_tensor *t = dg_params_get(a, i), *u = dg_params_find(b, dg_tensor_name(t));
+    REQUIRE(u && dg_tensor_numel(t) == dg_tensor_numel(u));
+    const float *pa = dg_tensor_data(t), *pb = dg_tensor_data(u);
+    for (int64_t k = 0; k < dg_tensor_numel(t); k++)
+      rel = fmax(rel, fabs((double)pa[k] - pb[k]) / (fabs((double)pb[k]) + 1e-3));
+  }
+  return rel;
+}
+
+static dg_pipe *pipe_of(dg_pg *pg, dg_module *seq, dg_params *ps, int M, int kind, int remat) {
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = M;
+  po.schedule = (dg_pipe_schedule)kind;
+  po.remat = remat;
+  dg_pipe *p;
+  char err[512];
+  int rc = dg_pipe_new(&p, pg, seq, ps, 5, &po, err, sizeof err);
+  if (rc) fprintf(stderr, "%s\n", err);
+  REQUIRE(rc == DG_OK);
+  return p;
+}
+
+/* Eval after two training steps: the loss equals the whole model's (train
+ * and eval mode), loss_fn sees every micro-batch, no gradient is written. */
+static int eval_rank(int r, int W, void *arg) {
+  (void)arg;
+  dg_store *st;
+  dg_pg *pg;
+  if (du_pg(r, W, &st, &pg)) return 2;
+  dg_params *ps, *ref;
+  dg_ctx *ctx;
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_params_new(&ref) == DG_OK);
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  dg_pipe *p = pipe_of(pg, model(1, 0), ps, 4, DG_PIPE_1F1B, 0);
+  dg_module *whole = model(1, 0);
+  REQUIRE(dg_module_bind(whole, ref, "", 5) == DG_OK);
+  dg_optim *opt, *oref;
+  REQUIRE(dg_optim_new_sgd(&opt, ps, NULL, NULL, 0) == DG_OK);
+  REQUIRE(dg_optim_new_sgd(&oref, ref, NULL, NULL, 0) == DG_OK);
+  float x[B * IN];
+  int64_t y[B];
+  for (int s = 0; s < 3; s++) {
+    batch(s, x, y);
+    dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+    dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+    if (s < 2) { /* train both; the reference by accumulation (BatchNorm per micro-batch) */
+      CHECK_OK(dg_pipe_step(p, xt, yt, ce, NULL, NULL));
+      for (int m = 0; m < 4; m++) {
+        dg_tensor *l = dg_cross_entropy(ctx, dg_module_forward(whole, ctx, dg_slice(ctx, xt, m * 4, m * 4 + 4)),
+                                        dg_slice(ctx, yt, m * 4, m * 4 + 4));
+        REQUIRE(l && dg_backward(ctx, dg_scale(ctx, l, 0.25f)) == DG_OK);
+      }
+      CHECK_OK(dg_optim_step(opt));
+      CHECK_OK(dg_optim_step(oref));
+      dg_params_zero_grad(ps);
+      dg_params_zero_grad(ref);
+      dg_ctx_reset(ctx);
+      continue;
+    }
+    for (int mode = 1; mode >= 0; mode--) {
+      dg_pipe_set_train(p, mode);
+      dg_module_set_train(whole, mode);
+      int seen = 0;
+      float loss;
+      size_t n;
+      float *g = dg_params_grad(ps, &n);
+      if (n) g[0] = 123.0f; /* an eval writes no gradient */
+      CHECK_OK(dg_pipe_eval(p, xt, yt, ce, &seen, &loss));
+      if (n) CHECK(g[0] == 123.0f);
+      if (r == W - 1) CHECK_EQ_INT(seen, 4);
+      double want = 0;
+      dg_ctx_set_grad_enabled(ctx, 0);
+      for (int m = 0; m < 4; m++)
+        want += 0.25 * dg_tensor_item(dg_cross_entropy(
+                           ctx, dg_module_forward(whole, ctx, dg_slice(ctx, xt, m * 4, m * 4 + 4)),
+                           dg_slice(ctx, yt, m * 4, m * 4 + 4)));
+      dg_ctx_set_grad_enabled(ctx, 1);
+      CHECK_NEAR(loss, want, 1e-5 * fabs(want));
+      if (n) g[0] = 0;
+    }
+    CHECK(max_rel(ps, ref) < 1e-5);
+  }
+  dg_optim_free(opt);
+  dg_optim_free(oref);
+  dg_pipe_free(p);
+  dg_module_free(whole);
+  dg_params_free(ps);
+  dg_params_free(ref);
+  dg_ctx_free(ctx);
+  du_leave(st, pg, W);
+  return dg_test_failures ? 1 : 0;
+}
+
+/* Stage 0's arena peak: 1F1B about min(M, K) = 2 micro-batches of 8. */
+static int memory_rank(int r, int W, void *arg) {
+  (void)arg;
+  dg_store *st;
+  dg_pg *pg;
+  if (du_pg(r, W, &st, &pg)) return 2;
+  dg_ctx *ctx;
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  enum { MB = 8, BB = 8 * 64 };
+  static float x[BB * IN];
+  static int64_t y[BB];
+  for (int i = 0; i < BB; i++) y[i] = i % NCLS;
+  dg_rng_normal(3, 0, x, BB * IN);
+  size_t peak[2];
+  for (int kind = 0; kind < 2; kind++) {
+    dg_params *ps;
+    REQUIRE(dg_params_new(&ps) == DG_OK);
+    dg_pipe *p = pipe_of(pg, model(0, 0), ps, MB, kind, 0);
+    dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){BB, IN}, x);
+    dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){BB}, y);
+    CHECK_OK(dg_pipe_step(p, xt, yt, ce, NULL, NULL));
+    dg_pipe_stats s;
+    CHECK_OK(dg_pipe_get_stats(p, &s));
+    peak[kind] = s.arena_peak;
+    if (r == 0) CHECK_EQ_INT(s.contexts, kind ? 2 : MB);
+    CHECK(s.step_seconds >= s.wait_seconds && s.wait_seconds >= 0);
+    dg_pipe_free(p);
+    dg_params_free(ps);
+    dg_ctx_reset(ctx);
+  }
+  if (r == 0) {
+    fprintf(stderr, "stage 0 arena peak: GPipe %zu, 1F1B %zu bytes (%.0f%%)\n", peak[0], peak[1],
+            100.0 * (double)peak[1] / (double)peak[0]);
+    CHECK((double)peak[1] <= 0.375 * (double)peak[0]); /* (min(M, K) + 1) / M */
+  }
+  dg_ctx_free(ctx);
+  du_leave(st, pg, W);
+  return dg_test_failures ? 1 : 0;
+}
+
+/* A layer that hands its input on (token ids across the boundary). */
+static dg_tensor *pass_fwd(dg_module *m, dg_ctx *c, dg_tensor *x) {
+  (void)m, (void)c;
+  return x;
+}
+static const dg_module_vtable pass_vt = {"Pass", pass_fwd, NULL, NULL};
+
+/* Mean over the sequence: (B, T, C) -> (B, C). */
+static dg_tensor *meanseq_fwd(dg_module *m, dg_ctx *c, dg_tensor *x) {
+  (void)m;
+  return dg_mean_dim(c, x, 1, 0);
+}
+static const dg_module_vtable meanseq_vt = {"MeanSeq", meanseq_fwd, NULL, NULL};
+
+static dg_module *token_model(void) {
+  dg_module *seq, *l;
+  REQUIRE(dg_nn_sequential(&seq) == DG_OK);
+  add(seq, dg_module_new(&l, sizeof(dg_module), &pass_vt), &l);
+  add(seq, dg_nn_embedding(&l, 10, 8), &l);
+  add(seq, dg_module_new(&l, sizeof(dg_module), &meanseq_vt), &l);
+  add(seq, dg_nn_linear(&l, 8, NCLS, 1), &l);
+  return seq;
+}
+
+/* i64 token ids cross the boundary; stage 0 has nothing to differentiate. */
+static int token_rank(int r, int W, void *arg) {
+  (void)arg;
+  dg_store *st;
+  dg_pg *pg;
+  if (du_pg(r, W, &st, &pg)) return 2;
+  dg_params *ps, *ref;
+  dg_ctx *ctx;
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_params_new(&ref) == DG_OK);
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = 2;
+  po.balance = (const int[]){1, 3};
+  dg_pipe *p;
+  char err[512];
+  int rc = dg_pipe_new(&p, pg, token_model(), ps, 9, &po, err, sizeof err);
+  if (rc) fprintf(stderr, "%s\n", err);
+  REQUIRE(rc == DG_OK);
+  dg_module *whole = token_model();
+  REQUIRE(dg_module_bind(whole, ref, "", 9) == DG_OK);
+  int64_t tok[B * 3], y[B];
+  for (int i = 0; i < B * 3; i++) tok[i] = (i * 7) % 10;
+  for (int i = 0; i < B; i++) y[i] = i % NCLS;
+  dg_tensor *xt = dg_wrap(ctx, DG_I64, 2, (int64_t[]){B, 3}, tok);
+  dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+  float loss;
+  rc = dg_pipe_step(p, xt, yt, ce, NULL, &loss);
+  if (rc) fprintf(stderr, "rank %d: %s\n", r, dg_pipe_errmsg(p));
+  CHECK_OK(rc);
+  dg_tensor *l = dg_cross_entropy(ctx, dg_module_forward(whole, ctx, xt), yt);
+  REQUIRE(l && dg_backward(ctx, l) == DG_OK);
+  CHECK_NEAR(loss, dg_tensor_item(l), 1e-5);
+  if (r == 1) { /* the embedding's gradient equals the whole model's */
+    size_t n, nr;
+    const float *g = dg_params_grad(ps, &n), *gr = dg_params_grad(ref, &nr);
+    CHECK_EQ_INT(n, nr);
+    for (size_t i = 0; i < n && i < nr; i++) CHECK_NEAR(g[i], gr[i], 1e-5);
+  }
+  dg_pipe_free(p);
+  dg_module_free(whole);
+  dg_params_free(ps);
+  dg_params_free(ref);
+  dg_ctx_free(ctx);
+  du_leave(st, pg, W);
+  return dg_test_failures ? 1 : 0;
+}
+
+/* With dropout, re-materialization draws the same masks: two pipes, with
+ * and without it, stay bit-identical over three steps. */
+static int remat_rank(int r, int W, void *arg) {
+  (void)arg;
+  dg_store *st;
+  dg_pg *pg;
+  if (du_pg(r, W, &st, &pg)) return 2;
+  dg_params *pa, *pb;
+  dg_ctx *ctx;
+  REQUIRE(dg_params_new(&pa) == DG_OK && dg_params_new(&pb) == DG_OK);
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  dg_pipe *a = pipe_of(pg, model(1, 0.3f), pa, 4, DG_PIPE_1F1B, 0);
+  dg_pipe *b = pipe_of(pg, model(1, 0.3f), pb, 4, DG_PIPE_1F1B, 1);
+  dg_optim *oa, *ob;
+  REQUIRE(dg_optim_new_adamw(&oa, pa, NULL, NULL, 0) == DG_OK);
+  REQUIRE(dg_optim_new_adamw(&ob, pb, NULL, NULL, 0) == DG_OK);
+  float x[B * IN];
+  int64_t y[B];
+  for (int s = 0; s < 3; s++) {
+    batch(s, x, y);
+    dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+    dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+    float la, lb;
+    CHECK_OK(dg_pipe_step(a, xt, yt, ce, NULL, &la));
+    CHECK_OK(dg_pipe_step(b, xt, yt, ce, NULL, &lb));
+    CHECK(la == lb);
+    CHECK_OK(dg_optim_step(oa));
+    CHECK_OK(dg_optim_step(ob));
+    dg_params_zero_grad(pa);
+    dg_params_zero_grad(pb);
+    dg_ctx_reset(ctx);
+    CHECK(max_rel(pa, pb) == 0);
+    size_t na, nb;
+    const float *ba = dg_params_buffer_data(pa, &na), *bb = dg_params_buffer_data(pb, &nb);
+    CHECK(na == nb && (!na || !memcmp(ba, bb, na * sizeof *ba)));
+  }
+  dg_pipe_stats sa, sb;
+  CHECK_OK(dg_pipe_get_stats(a, &sa));
+  CHECK_OK(dg_pipe_get_stats(b, &sb));
+  if (r == 0) /* only the boundaries stay; one context recomputes */
+    fprintf(stderr, "stage 0 arena peak: %zu bytes, %zu with remat\n", sa.arena_peak,
+            sb.arena_peak);
+  dg_optim_free(oa);
+  dg_optim_free(ob);
+  dg_pipe_free(a);
+  dg_pipe_free(b);
+  dg_params_free(pa);
+  dg_params_free(pb);
+  dg_ctx_free(ctx);
+  du_leave(st, pg, W);
+  return dg_test_failures ? 1 : 0;
+}
+
+/* Uneven layers: a wide middle. The split by measured time is the best of
+ * every split on the measured costs, equal on both ranks (dg_pipe_new
+ * checks), and a step trains as one process. */
+static dg_module *uneven(void) {
+  dg_module *seq, *l;
+  REQUIRE(dg_nn_sequential(&seq) == DG_OK);
+  add(seq, dg_nn_linear(&l, IN, 32, 1), &l);
+  add(seq, dg_nn_tanh(&l), &l);
+  add(seq, dg_nn_linear(&l, 32, 512, 1), &l);
+  add(seq, dg_nn_tanh(&l), &l);
+  add(seq, dg_nn_linear(&l, 512, 512, 1), &l);
+  add(seq, dg_nn_tanh(&l), &l);
+  add(seq, dg_nn_linear(&l, 512, 32, 1), &l);
+  add(seq, dg_nn_tanh(&l), &l);
+  add(seq, dg_nn_linear(&l, 32, NCLS, 1), &l);
+  return seq;
+}
+
+static int balance_rank(int r, int W, void *arg) {
+  (void)arg;
+  dg_store *st;
+  dg_pg *pg;
+  if (du_pg(r, W, &st, &pg)) return 2;
+  dg_params *ps, *ref;
+  dg_ctx *ctx;
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_params_new(&ref) == DG_OK);
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  static float x[64 * IN];
+  int64_t y[64];
+  dg_rng_normal(11, 0, x, 64 * IN);
+  for (int i = 0; i < 64; i++) y[i] = i % NCLS;
+  dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){64, IN}, x);
+  dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){64}, y);
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = 4;
+  po.profile_input = dg_slice(ctx, xt, 0, 16);
+  dg_pipe *p;
+  char err[512];
+  int rc = dg_pipe_new(&p, pg, uneven(), ps, 5, &po, err, sizeof err);
+  if (rc) fprintf(stderr, "%s\n", err);
+  REQUIRE(rc == DG_OK);
+  double cost[9];
+  int n = 0, first, last;
+  CHECK_OK(dg_pipe_layer_cost(p, cost, 9, &n));
+  CHECK_EQ_INT(n, 9);
+  dg_pipe_stage(p, &first, &last);
+  int cut = r == 0 ? last : first; /* the split: stage 0 is [0, cut) */
+  double best = INFINITY, got = 0, total = 0;
+  for (int i = 0; i < 9; i++) total += cost[i];
+  for (int c = 1; c < 9; c++) {
+    double left = 0;
+    for (int i = 0; i < c; i++) left += cost[i];
+    double worst = fmax(left, total - left);
+    if (worst < best) best = worst;
+    if (c == cut) got = worst;
+  }
+  if (r == 0) {
+    fprintf(stderr, "costs (us):");
+    for (int i = 0; i < 9; i++) fprintf(stderr, " %.0f", cost[i] * 1e6);
+    fprintf(stderr, "; split at %d, max stage %.0f us (optimum %.0f)\n", cut, got * 1e6,
+            best * 1e6);
+  }
+  CHECK(got == best);
+  float loss;
+  CHECK_OK(dg_pipe_step(p, xt, yt, ce, NULL, &loss));
+  dg_module *whole = uneven();
+  REQUIRE(dg_module_bind(whole, ref, "", 5) == DG_OK);
+  dg_tensor *l = dg_cross_entropy(ctx, dg_module_forward(whole, ctx, xt), yt);
+  REQUIRE(l && dg_backward(ctx, l) == DG_OK);
+  CHECK_NEAR(loss, dg_tensor_item(l), 1e-5);
+  double gmax = 0;
+  for (int i = 0; i < dg_params_count(ps); i++) {
+    dg_tensor *g = dg_tensor_grad(dg_params_get(ps, i));
+    dg_tensor *gr = dg_tensor_grad(dg_params_find(ref, dg_tensor_name(dg_params_get(ps, i))));
+    REQUIRE(g && gr);
+    for (int64_t k = 0; k < dg_tensor_numel(g); k++)
+      gmax = fmax(gmax, fabs(dg_tensor_get(g, k) - dg_tensor_get(gr, k)));
+  }
+  CHECK(gmax < 1e-5);
+  dg_pipe_free(p);
+  dg_module_free(whole);
+  dg_params_free(ps);
+  dg_params_free(ref);
+  dg_ctx_free(ctx);
+  du_leave(st, pg, W);
+  return dg_test_failures ? 1 : 0;
+}
+
+int main(void) {
+  CHECK_EQ_INT(du_run(2, eval_rank, NULL, 60, NULL), 0);
+  CHECK_EQ_INT(du_run(2, memory_rank, NULL, 60, NULL), 0);
+  CHECK_EQ_INT(du_run(2, token_rank, NULL, 60, NULL), 0);
+  CHECK_EQ_INT(du_run(2, remat_rank, NULL, 60, NULL), 0);
+  CHECK_EQ_INT(du_run(2, balance_rank, NULL, 60, NULL), 0);
+  return TEST_DONE();
+}
