@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/core_impl.h"
+#include "autograd/swap_impl.h"
 #include "backends/kern_mem.h"
 
 /* Grows ts's arrays to n parameters; new entries start unused. */
@@ -248,6 +249,9 @@ int dg_ctx_add_backward_end_hook(dg_ctx *ctx, dg_backward_end_fn fn, void *user)
 int dg_ctx_set_saved_tensor_hooks(dg_ctx *ctx, dg_pack_fn pack, dg_unpack_fn unpack,
                                   void *user) {
   if (!ctx || (!pack) != (!unpack)) return DG_EINVAL;
+  if (ctx->swap) /* swapping owns the pair (autograd/swap.c) */
+    return dg__set_error(ctx, DG_ESTATE, "set_saved_tensor_hooks: activation swapping is on "
+                                         "(dg_ctx_set_swap(ctx, NULL) first)");
   ctx->pack = pack;
   ctx->unpack = unpack;
   ctx->pack_user = user;
@@ -398,6 +402,7 @@ static void finish_stores(dg_ctx *ctx) {
 static int walk(dg_ctx *ctx) {
   for (int i = ctx->ntape - 1; i >= 0; i--) {
     dg_node *n = ctx->tape[i];
+    if (ctx->swap && dg__swap_backward_node(ctx->swap, i)) return ctx->err; /* prefetch */
     int ran, rc = run_node(ctx, n, &ran);
     if (rc) return rc;
     for (int k = 0; k < n->nin; k++) {
@@ -472,6 +477,7 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
   int prev = dg_ctx_set_grad_enabled(ctx, 0);
   ctx->in_backward = 1;
   int rc = walk(ctx);
+  if (ctx->swap) dg__swap_backward_end(ctx->swap);
   if (!rc) finish_stores(ctx);
   for (int h = 0; !rc && h < ctx->nend_hooks; h++)
     rc = ctx->end_hooks[h].end(ctx->end_hooks[h].user, ctx);

@@ -140,6 +140,9 @@ static void hdr_meta(sbuf *b, const dg_checkpoint *c) {
     hdr_meta_kv(b, "data_epoch", v, &first);
     snprintf(v, sizeof v, "%" PRId64, bt);
     hdr_meta_kv(b, "data_batch", v, &first);
+    dg_loader_tell(c->loader, &ep, &bt); /* any world size resumes from it */
+    snprintf(v, sizeof v, "%" PRId64, bt);
+    hdr_meta_kv(b, "data_samples", v, &first);
   }
   if (c->optim) {
     hdr_meta_kv(b, "optim", dg_optim_name(c->optim), &first);
@@ -859,6 +862,7 @@ static int parse_meta_u64(ck_load *L, const ck_parser *p, const char *key, uint6
 /* Checks the metadata the caller asked to restore; applies nothing. */
 typedef struct {
   int64_t step, epoch, batch, ostep;
+  int64_t samples; /* data_samples, -1 in files before it */
   uint64_t seed, offset;
   float lr;
 } ck_meta;
@@ -872,6 +876,9 @@ static int read_meta(ck_load *L, const ck_parser *p, ck_meta *m) {
   if (!rc && c->ctx) rc = parse_meta_u64(L, p, "rng_offset", &m->offset);
   if (!rc && c->loader) rc = parse_meta_i64(L, p, "data_epoch", &m->epoch);
   if (!rc && c->loader) rc = parse_meta_i64(L, p, "data_batch", &m->batch);
+  m->samples = -1;
+  if (!rc && c->loader && meta_get(p, "data_samples"))
+    rc = parse_meta_i64(L, p, "data_samples", &m->samples);
   if (rc || !c->optim) return rc;
   const char *lr = meta_get(p, "optim_lr");
   if ((rc = parse_meta_i64(L, p, "optim_step", &m->ostep))) return rc;
@@ -906,7 +913,11 @@ static int apply_meta(ck_load *L, const ck_meta *m) {
       return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: optim_step %" PRId64 " refused", L->path,
                     m->ostep);
   }
-  if (c->loader && dg_loader_seek(c->loader, m->epoch, m->batch))
+  if (c->loader && m->samples >= 0 && dg_loader_seek_samples(c->loader, m->epoch, m->samples))
+    return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: data position (epoch %" PRId64 ", %"
+                        PRId64 " samples) is out of range for this loader", L->path, m->epoch,
+                        m->samples);
+  if (c->loader && m->samples < 0 && dg_loader_seek(c->loader, m->epoch, m->batch))
     return dg__fail_msg(L->err, L->cap, DG_EFORMAT, "%s: data position (epoch %" PRId64 ", batch %"
                   PRId64 ") is out of range for this loader", L->path, m->epoch, m->batch);
   return DG_OK;
@@ -952,6 +963,19 @@ int dg_checkpoint_load_with(const char *path, dg_checkpoint *c, dg_checkpoint_lo
   if (f) fclose(f);
   parser_free(&p);
   dg__free(L.found);
+  return rc;
+}
+
+int dg_checkpoint_verify(const char *path, char *err, size_t errcap) {
+  if (!path) return dg__fail_msg(err, errcap, DG_EINVAL, "checkpoint verify: NULL path");
+  FILE *f = NULL;
+  ck_parser p;
+  uint64_t data_bytes = 0;
+  ck_load L = {.path = path, .err = err, .cap = errcap};
+  int rc = read_header(path, &f, &p, &data_bytes, err, errcap);
+  if (!rc) rc = check_tiling(&L, &p, data_bytes);
+  if (f) fclose(f);
+  parser_free(&p);
   return rc;
 }
 

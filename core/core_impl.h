@@ -182,7 +182,24 @@ struct dg_ctx {
     size_t bytes;
     void *head;
   } gpool[32];
+  /* activation swapping (autograd/swap.c): NULL when off; core calls it
+   * through swap_vt where ops start, at a reset and at free */
+  struct dg__swap *swap;
+  const struct dg__swap_vt *swap_vt;
 };
+
+/* ---- activation swapping (autograd/swap.c, include/dgrad/swap.h) ---- */
+struct dg__swap;
+typedef struct dg__swap_vt {
+  /* an op is about to read in[0..n): released inputs come back first;
+   * nonzero with the error recorded on the swap's context */
+  int (*op_begin)(struct dg__swap *s, const char *op, int n, dg_tensor *const *in);
+  void (*reset)(struct dg__swap *s); /* dg_ctx_reset: drains the I/O thread */
+  void (*free)(struct dg__swap *s);  /* dg_ctx_free */
+} dg__swap_vt;
+/* Set while any context swaps: a raw accessor's read of arena tensor t
+ * brings it back and keeps it resident for the rest of the step. */
+extern void (*volatile dg__swap_touch)(const dg_tensor *t);
 
 #define DG__SETTLE_ALL (-1)
 #define DG__SETTLE_BACKWARD (-2)
@@ -286,6 +303,7 @@ void dg__params_block_step(dg_params *ps, const char *why, ...)
 void dg__params_set_update_owned(dg_params *ps, int on);
 static inline void dg__settle(const dg_tensor *t) {
   if (t && (t->flags & DG_TF_PENDING)) (void)dg__params_flush(t->params, t->param_id);
+  if (t && (t->flags & DG_TF_ARENA) && dg__swap_touch) dg__swap_touch(t);
 }
 
 /* ---- tensor helpers ---- */

@@ -28,8 +28,11 @@ int dg_ctx_new(dg_ctx **out, const dg_ctx_opts *opts) {
   return DG_OK;
 }
 
+void (*volatile dg__swap_touch)(const dg_tensor *t);
+
 void dg_ctx_free(dg_ctx *ctx) {
   if (!ctx) return;
+  if (ctx->swap) ctx->swap_vt->free(ctx->swap); /* before the arena it reads */
   while (ctx->nattached) dg_ctx_detach_params(ctx, ctx->attached[0]);
   for (int s = 0; s < DG_MAX_STORES; s++) {
     dg__free(ctx->stores[s].first_use);
@@ -68,6 +71,7 @@ void dg_ctx_reset(dg_ctx *ctx) {
   for (int d = 0; d < DG__MAX_DEVICES; d++)
     if (ctx->dev_arena[d]) arena_step_end(ctx->dev_arena[d]);
   ctx->backwards_since_reset = ctx->steps_since_reset = 0;
+  if (ctx->swap) ctx->swap_vt->reset(ctx->swap); /* no I/O into the arena past here */
   ctx->ntape = 0;
   ctx->nstores = 0; /* the tape's per-store state goes with it */
   memset(ctx->gpool, 0, sizeof ctx->gpool); /* its blocks were arena memory */
@@ -144,6 +148,7 @@ const dg__backend *dg__op_begin(dg_ctx *ctx, const char *op, int n, dg_tensor *c
     }
   }
   if (dev < 0) dev = DG_CPU;
+  if (ctx->swap && ctx->swap_vt->op_begin(ctx->swap, op, n, in)) return NULL;
   const dg__backend *be = dg__backend_get(dev);
   if (!be) {
     char a[24];

@@ -3,7 +3,11 @@
  * next power of four >= size (cycle-walking back into [0, size)), with round
  * keys drawn from the counter-based RNG (dg_rng_uniform) at offsets built
  * from (epoch, round, input): O(1) memory, any position computable directly,
- * so seeking costs nothing and no per-epoch state needs saving. */
+ * so seeking costs nothing and no per-epoch state needs saving.
+ * Ranks deal the epoch's order rank-strided, so after b batches of B on W
+ * ranks exactly its first b*B*W positions are consumed, whatever W was:
+ * a run resumed on another world size deals the rest of that epoch from
+ * there (`off`, dg_loader_seek_samples) and every later epoch from 0. */
 #include <string.h>
 
 #include "data/data_impl.h"
@@ -18,6 +22,9 @@ struct dg_loader {
   int64_t per_rank;    /* samples per rank per epoch */
   int64_t nbatches;
   int64_t epoch, batch; /* position: next batch */
+  int64_t off;          /* this epoch's deal starts at this position (0 but
+                           after dg_loader_seek_samples mid-epoch) */
+  int64_t cur_per_rank, cur_nbatches; /* of this epoch's deal */
   void *buf[DG_DATA_MAX_FIELDS];    /* (batch_size, numel) each */
   size_t fbytes[DG_DATA_MAX_FIELDS]; /* bytes per sample per field */
   char errmsg[256];                  /* last failure of dg_loader_next */
@@ -52,9 +59,20 @@ static int64_t permute(const dg_loader *l, int64_t epoch, int64_t t) {
 }
 
 int64_t dg_loader_sample_index(const dg_loader *l, int64_t epoch, int64_t k) {
-  if (!l || epoch < 0 || k < 0 || k >= l->per_rank) return -1;
-  int64_t t = l->op.rank + k * l->op.world_size; /* rank-strided, as DistributedSampler */
+  if (!l || epoch < 0 || k < 0) return -1;
+  int cur = epoch == l->epoch;
+  if (k >= (cur ? l->cur_per_rank : l->per_rank)) return -1;
+  /* rank-strided, as DistributedSampler, from this epoch's first position */
+  int64_t t = (cur ? l->off : 0) + l->op.rank + k * l->op.world_size;
   return permute(l, epoch, t % l->ds.size);
+}
+
+/* Deals the current epoch's positions [off, size) over the ranks. */
+static void deal(dg_loader *l, int64_t off) {
+  const int64_t W = l->op.world_size, B = l->op.batch_size, rest = l->ds.size - off;
+  l->off = off;
+  l->cur_per_rank = off == 0 ? l->per_rank : l->op.shard_drop ? rest / W : (rest + W - 1) / W;
+  l->cur_nbatches = l->op.drop_last ? l->cur_per_rank / B : (l->cur_per_rank + B - 1) / B;
 }
 
 static int check_opts(const dg_dataset *ds, const dg_loader_opts *op, char *err, size_t cap) {
@@ -101,6 +119,7 @@ int dg_loader_new(dg_loader **out, const dg_dataset *ds, const dg_loader_opts *o
   l->per_rank = op.shard_drop ? ds->size / W : (ds->size + W - 1) / W;
   l->nbatches = op.drop_last ? l->per_rank / op.batch_size
                              : (l->per_rank + op.batch_size - 1) / op.batch_size;
+  deal(l, 0);
   for (int f = 0; f < ds->nfields; f++) {
     l->fbytes[f] = ds->field[f].numel * dg_dtype_size(ds->field[f].dtype);
     l->buf[f] = dg__malloc(l->fbytes[f] * (size_t)op.batch_size + 1);
@@ -129,14 +148,15 @@ int dg_loader_next(dg_loader *l, void *const *dst, int64_t *rows) {
              "of an epoch)");
     return DG_EINVAL;
   }
-  if (l->batch >= l->nbatches) {
+  if (l->batch >= l->cur_nbatches) {
     l->epoch++;
     l->batch = 0;
+    deal(l, 0);
     return DG_OK; /* *rows == 0: the epoch is over */
   }
   void *const *out = dst ? dst : l->buf;
   const int64_t B = l->op.batch_size, k0 = l->batch * B;
-  const int64_t nrow = DG_MIN(B, l->per_rank - k0);
+  const int64_t nrow = DG_MIN(B, l->cur_per_rank - k0);
   void *slot[DG_DATA_MAX_FIELDS];
   for (int64_t r = 0; r < nrow; r++) {
     for (int f = 0; f < l->ds.nfields; f++)
@@ -171,7 +191,35 @@ void dg_loader_position(const dg_loader *l, int64_t *epoch, int64_t *batch) {
 int dg_loader_seek(dg_loader *l, int64_t epoch, int64_t batch) {
   if (!l || epoch < 0 || epoch >= ((int64_t)1 << 37) || batch < 0 || batch > l->nbatches)
     return DG_EINVAL;
+  deal(l, 0);
   l->epoch = epoch;
   l->batch = batch;
+  return DG_OK;
+}
+
+int64_t dg_loader_batches_left(const dg_loader *l) {
+  return l ? l->cur_nbatches - l->batch : 0;
+}
+
+void dg_loader_tell(const dg_loader *l, int64_t *epoch, int64_t *samples) {
+  if (epoch) *epoch = l ? l->epoch : 0;
+  if (!samples) return;
+  if (!l) *samples = 0;
+  else if (l->batch >= l->cur_nbatches) *samples = l->ds.size; /* dealt, or dropped */
+  else *samples = l->off + l->batch * l->op.batch_size * l->op.world_size;
+}
+
+int dg_loader_seek_samples(dg_loader *l, int64_t epoch, int64_t samples) {
+  if (!l || epoch < 0 || epoch >= ((int64_t)1 << 37) || samples < 0 || samples > l->ds.size)
+    return DG_EINVAL;
+  const int64_t q = l->op.batch_size * l->op.world_size;
+  l->epoch = epoch;
+  deal(l, 0);
+  if (samples == l->ds.size) l->batch = l->nbatches; /* the epoch is over */
+  else if (samples % q == 0 && samples / q <= l->nbatches) l->batch = samples / q;
+  else { /* another world or batch size left it between two of our batches */
+    deal(l, samples);
+    l->batch = 0;
+  }
   return DG_OK;
 }

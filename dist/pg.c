@@ -15,6 +15,7 @@
 
 #include "dgrad_config.h"
 #include "dist/coll_impl.h"
+#include "dist/pg_group.h"
 #include "dist/net/net_impl.h"
 #include "dist/store/store_impl.h"
 #include "base/common_impl.h"
@@ -241,6 +242,7 @@ static int finish_rdzv(dg_pg *pg, const check_ctx *cc, char *err, size_t cap) {
 static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) {
   struct sockaddr_storage bind;
   int rc = pick_addr(o, &bind, err, cap);
+  pg->bind = bind; /* sub-groups with torch members connect from there */
   if (rc == DG_OK) rc = publish_self(pg, err, cap);
   if (rc != DG_OK) return rc;
   size_t W = (size_t)pg->size;
@@ -370,6 +372,7 @@ static dg_pg *pg_alloc(const dg_pg_opts *o, dg_store *own) {
   pg->own_store = own;
   pg->torch_rdzv = o->rendezvous != DG_RDZV_GLOO;
   pg->no_shm = o->no_shm;
+  pg->spin_us = o->spin_us;
   if (o->link) pg->link = *o->link;
   return pg;
 }
@@ -552,9 +555,10 @@ int dg_pg_opts_from_env(dg_pg_opts *o) {
   return DG_OK;
 }
 
-void dg_pg_free(dg_pg *pg) {
-  if (pg) pg_destroy(pg, pg->timeout_ms, 0);
-}
+/* A group with live sub-groups goes once the last of them is freed. */
+void dg_pg_free(dg_pg *pg) { dg__pg_release(pg); }
+
+void dg__pg_destroy(dg_pg *pg) { pg_destroy(pg, pg->timeout_ms, 0); }
 
 int dg_pg_rank(const dg_pg *pg) { return pg ? pg->rank : DG_EINVAL; }
 int dg_pg_size(const dg_pg *pg) { return pg ? pg->size : DG_EINVAL; }

@@ -2,6 +2,7 @@
  * that runs it (the algorithm choice for allreduce) and posts it to the
  * runtime (pg_work.c), which runs it in call order on the group's worker
  * or on the thread that waits for it. */
+#include <stdio.h>
 #include <string.h>
 
 #include "dist/coll_impl.h"
@@ -118,6 +119,13 @@ int dg_pg_reduce_scatter(dg_pg *pg, const void *in, void *out, size_t count, dg_
   k->out = out;
   k->count = count;
   k->op = op;
+  if (!pg->all_dgrad && pg->size > 1) { /* failed at once, the group untouched */
+    k->status = DG_EUNSUPPORTED;
+    snprintf(k->err, sizeof k->err, "reduce_scatter: not supported in a group with torch or "
+             "libgloo ranks (torch 1.13's gloo backend has no reduce_scatter; use allreduce)");
+    *w = k;
+    return DG_OK;
+  }
   return dg__work_post(pg, k, run_reduce_scatter, w);
 }
 

@@ -5,6 +5,7 @@
 #define DG_PG_IMPL_H
 
 #include <pthread.h>
+#include <sys/socket.h>
 
 #include "dgrad/dist.h"
 #include "dist/pg_ext.h"
@@ -43,6 +44,32 @@ struct dg_pg {
   uint32_t tag;
   uint64_t seq;
   char err[512];
+  /* sub-groups (pg_group.c) */
+  dg_pg *parent;   /* NULL: a group of dg_pg_new */
+  int *members;    /* (size) sub-group: each rank's rank in the parent */
+  int *xrank;      /* (size) each rank's rank in x when x is an ancestor's
+                      (shared: no connections of its own); NULL: x is ours */
+  uint32_t gid;    /* with xrank: the group's number in x's slots (1..4095) */
+  int nsub, freed; /* live sub-groups; dg_pg_free called (pg_group.c's lock) */
+  int ngroups;     /* sub-groups created from it (torch's _group_count - 1) */
+  char name[48];   /* store prefix of a sub-group ("1", "2", "1.1") */
+  struct sockaddr_storage bind; /* where this rank listens (new connections) */
+  int spin_us;     /* opts.spin_us */
 };
+
+/* A sub-group sharing an ancestor's transport tells its messages apart by
+ * slot: collectives add the group number in the low bits (ProcessGroupGloo
+ * leaves them zero), point-to-point ops move the user tag under prefix 10
+ * (unused by Gloo's and dgrad's slots). 12 bits: what UCX's tag keeps. */
+#define DG_GROUP_P2P_PREFIX 10ULL
+static inline int dg__pg_xpeer(const dg_pg *pg, int r) {
+  return pg->xrank && r >= 0 && r < pg->size ? pg->xrank[r] : r;
+}
+static inline uint64_t dg__pg_xslot(const dg_pg *pg, uint64_t slot) {
+  return pg->xrank ? slot | pg->gid : slot;
+}
+static inline uint64_t dg__pg_xslot_p2p(const dg_pg *pg, uint32_t tag) {
+  return pg->xrank ? (DG_GROUP_P2P_PREFIX << 56) | ((uint64_t)tag << 24) | pg->gid : tag;
+}
 
 #endif

@@ -26,15 +26,38 @@ static void set_err(dg_work *w, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* Makes any failure sticky (the transport aborts), and records it. */
+/* This group's rank of rank xr of its transport (-1: not a member). */
+static int group_rank(const dg_pg *pg, int xr) {
+  if (!pg->xrank) return xr;
+  for (int r = 0; r < pg->size; r++)
+    if (pg->xrank[r] == xr) return r;
+  return -1;
+}
+
+/* A sub-group's failure names the rank in both numberings: r (this
+ * group's) and its rank in the parent. Appended to msg. */
+static void name_both(const dg_pg *pg, int r, char *msg, size_t cap) {
+  size_t o = strlen(msg);
+  if (!pg->members || r < 0 || r >= pg->size || o + 1 >= cap) return;
+  snprintf(msg + o, cap - o, " [rank %d of sub-group %s is rank %d of its parent]", r, pg->name,
+           pg->members[r]);
+}
+
+/* Makes any failure sticky (the transport aborts), and records it. peer:
+ * this group's numbering. */
 static int work_fail(dg_work *w, dg_xport *x, int code, int peer, const char *detail) {
   char tm[512];
+  dg_pg *pg = w->pg;
   if (x->vt->error(x, tm, sizeof tm) == DG_OK) {
     snprintf(tm, sizeof tm, "%s #%llu: %s", dg__work_name(w), (unsigned long long)w->seq,
              detail);
-    x->vt->abort(x, code, peer, tm);
+    name_both(pg, peer, tm, sizeof tm);
+    x->vt->abort(x, code, dg__pg_xpeer(pg, peer), tm);
     set_err(w, "%s", tm);
   } else {
+    int xr = -1; /* transport messages name the rank they blame first */
+    if (pg->members && sscanf(tm, "rank %d", &xr) == 1)
+      name_both(pg, group_rank(pg, xr), tm, sizeof tm);
     set_err(w, "%s #%llu failed: %s", dg__work_name(w), (unsigned long long)w->seq, tm);
     code = x->vt->error(x, NULL, 0);
   }
@@ -71,7 +94,8 @@ void *dg__coll_tmp(dg_coll *c, size_t bytes) {
 }
 
 static int post(dg_coll *c, dg_xop *op, int peer, void *buf, size_t n, int send) {
-  *op = (dg_xop){.peer = peer, .slot = c->slot, .buf = buf, .n = n,
+  *op = (dg_xop){.peer = dg__pg_xpeer(c->pg, peer), .slot = dg__pg_xslot(c->pg, c->slot),
+                 .buf = buf, .n = n,
                  .eager = c->eager && c->x->all_dgrad && n <= c->x->eager_max};
   int rc = send ? c->x->vt->send(c->x, op) : c->x->vt->recv(c->x, op);
   if (rc == DG_OK) return DG_OK;
@@ -91,12 +115,13 @@ int dg__coll_wait(dg_coll *c, dg_xop *op) {
   if (rc == DG_OK) return DG_OK;
   if (rc == DG_ETIMEDOUT && op->status == DG_XOP_PENDING) {
     char d[256];
+    int peer = group_rank(c->pg, op->peer);
     snprintf(d, sizeof d, "timed out after %d ms waiting for rank %d (%s of %zu bytes, slot "
-             "0x%llx)", c->pg->timeout_ms, op->peer, op->is_send ? "send" : "receive", op->n,
+             "0x%llx)", c->pg->timeout_ms, peer, op->is_send ? "send" : "receive", op->n,
              (unsigned long long)op->slot);
-    return work_fail(c->w, c->x, DG_ETIMEDOUT, op->peer, d);
+    return work_fail(c->w, c->x, DG_ETIMEDOUT, peer, d);
   }
-  return work_fail(c->w, c->x, rc, op->peer, "transport failed");
+  return work_fail(c->w, c->x, rc, group_rank(c->pg, op->peer), "transport failed");
 }
 
 int64_t dg__coll_deadline(const dg_coll *c) { return c->deadline; }
@@ -221,7 +246,8 @@ static int p2p(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int peer, uint32
   k->peer = peer;
   k->tag = tag;
   k->deadline = dg__deadline(0, pg->timeout_ms);
-  k->xop = (dg_xop){.peer = peer, .slot = tag, .buf = buf, .n = count * dg_dtype_size(dt)};
+  k->xop = (dg_xop){.peer = dg__pg_xpeer(pg, peer), .slot = dg__pg_xslot_p2p(pg, tag),
+                    .buf = buf, .n = count * dg_dtype_size(dt)};
   dg_xport *x = pg->x;
   int rc = kind == DG_W_SEND ? x->vt->send(x, &k->xop) : x->vt->recv(x, &k->xop);
   if (rc != DG_OK) {

@@ -15,6 +15,7 @@
 
 #include "dgrad/autograd.h"
 #include "dgrad/ops.h"
+#include "dgrad/optim.h"
 #include "dgrad/pipe.h"
 #include "core/core_impl.h"
 #include "dist/pipe_plan.h"
@@ -306,6 +307,27 @@ static int dp_sync(dg_pipe *p) {
     return FAIL(p, rc, "pipe step %lld: stage %d: averaging gradients over the replicas: %s",
                 (long long)p->step, p->s, dg_pg_errmsg(p->dp));
   return DG_OK;
+}
+
+int dg_pipe_clip_grad_norm(dg_pipe *p, double max_norm, double *total_norm) {
+  if (total_norm) *total_norm = 0;
+  if (!p || !(max_norm >= 0)) return DG_EINVAL;
+  double local = 0;
+  int rc = dg_clip_grad_norm(p->ps, INFINITY, &local); /* the norm only */
+  if (rc) return FAIL(p, rc, "pipe_clip_grad_norm: stage %d: %s", p->s, dg_params_errmsg(p->ps));
+  double sq = local * local; /* every stage's share: the whole model's norm */
+  rc = dg_pg_allreduce_sync(p->pg, &sq, 1, DG_F64, DG_RED_SUM);
+  if (rc)
+    return FAIL(p, rc, "pipe_clip_grad_norm: stage %d: summing the norms: %s", p->s,
+                dg_pg_errmsg(p->pg));
+  const double total = sqrt(sq);
+  if (total_norm) *total_norm = total;
+  /* scale by max_norm / (total + 1e-6) as one process would: the local
+   * call's own coefficient, max / (local + 1e-6), comes out as that */
+  const double coef = max_norm / (total + 1e-6);
+  if (!isfinite(total) || coef >= 1.0 || local == 0) return DG_OK;
+  rc = dg_clip_grad_norm(p->ps, coef * (local + 1e-6), NULL);
+  return rc ? FAIL(p, rc, "pipe_clip_grad_norm: %s", dg_params_errmsg(p->ps)) : DG_OK;
 }
 
 /* ---- micro-batch contexts ---- */

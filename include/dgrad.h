@@ -6,6 +6,7 @@
 #include "dgrad/common.h"
 #include "dgrad/tensor.h"
 #include "dgrad/autograd.h"
+#include "dgrad/swap.h"
 #include "dgrad/ops.h"
 #include "dgrad/nn.h"
 #include "dgrad/optim.h"
@@ -13,5 +14,6 @@
 #include "dgrad/ddp.h"
 #include "dgrad/pipe.h"
 #include "dgrad/checkpoint.h"
+#include "dgrad/run.h"
 
 #endif

@@ -17,7 +17,7 @@ LAYERS = [
     ("base", ["base/", "include/dgrad/common.h"]),
     ("backends", ["backends/"]),
     ("core", ["core/", "include/dgrad/tensor.h"]),
-    ("autograd", ["autograd/", "include/dgrad/autograd.h"]),
+    ("autograd", ["autograd/", "include/dgrad/autograd.h", "include/dgrad/swap.h"]),
     ("ops", ["ops/", "include/dgrad/ops.h"]),
     ("ckpt", ["ckpt/", "include/dgrad/checkpoint.h"]),
     ("nn", ["nn/", "include/dgrad/nn.h"]),
@@ -35,13 +35,15 @@ LAYERS = [
     ("dist.ddp", ["dist/ddp", "include/dgrad/ddp.h"]),
     # the pipeline over groups and (per stage) DDP
     ("dist.pipe", ["dist/pipe", "include/dgrad/pipe.h"]),
+    # training as a service: stop agreed over a group, checkpoint directories
+    ("run", ["run/", "include/dgrad/run.h"]),
     ("umbrella", ["include/dgrad.h"]),
 ]
 # Dependency order, lowest first (checkpoints save modules, optimizers and
 # data-loader positions, so they sit above all three).
 ORDER = ["base", "backends", "core", "autograd", "ops", "nn", "optim", "data", "ckpt", "dist.net",
          "dist.store", "dist.transport", "dist.work", "dist.coll", "dist.pg", "dist.ddp",
-         "dist.pipe", "umbrella"]
+         "dist.pipe", "run", "umbrella"]
 
 # Wrong-way edges still in the code: (from file, included header) -> why.
 # The architecture issue removes them; each removal deletes its line here.

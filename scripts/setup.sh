@@ -5,13 +5,14 @@
 #                      Fashion-MNIST package (scripts/train.sh)
 #   setup.sh --tests   also what the test suites need: UCX, libgloo, torch
 #                      (reference checks and interop peers), fortunes,
-#                      iproute2/procps, doxygen (scripts/test.sh)
+#                      iproute2/procps, doxygen, Slurm and munge (a one-node
+#                      cluster on loopback: tests/deploy/slurm.sh) (scripts/test.sh)
 set -euo pipefail
 pkgs=(gcc pkg-config meson ninja-build libopenblas-dev zlib1g-dev dataset-fashion-mnist)
 case "${1:-}" in
   "") ;;
   --tests) pkgs+=(g++ libucx-dev ucx-utils libgloo-dev python3 python3-torch fortunes
-                  iproute2 procps doxygen) ;;
+                  iproute2 procps doxygen slurm-wlm munge) ;;
   *) echo "usage: setup.sh [--tests]" >&2; exit 2 ;;
 esac
 missing=()

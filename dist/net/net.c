@@ -46,20 +46,36 @@ void dg__set_nodelay(int fd) {
   (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-int dg__resolve(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len) {
+int dg__resolve_msg(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len,
+                    char *why, size_t cap) {
   struct addrinfo hints, *res = NULL;
   char ps[16];
   memset(&hints, 0, sizeof hints);
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   snprintf(ps, sizeof ps, "%d", port);
-  if (getaddrinfo(host && *host ? host : "127.0.0.1", ps, &hints, &res) != 0 || !res)
+  int g = getaddrinfo(host && *host ? host : "127.0.0.1", ps, &hints, &res);
+  if (g != 0 || !res) {
+    if (why && cap)
+      snprintf(why, cap, "%s", g == EAI_SYSTEM ? strerror(errno) : g ? gai_strerror(g)
+                                                                     : "no address");
+    if (res) freeaddrinfo(res);
     return -EHOSTUNREACH;
+  }
   memset(ss, 0, sizeof *ss);
   memcpy(ss, res->ai_addr, res->ai_addrlen);
   *len = res->ai_addrlen;
   freeaddrinfo(res);
   return 0;
+}
+
+int dg__resolve(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len) {
+  return dg__resolve_msg(host, port, ss, len, NULL, 0);
+}
+
+int dg__is_numeric_host(const char *host) {
+  unsigned char b[sizeof(struct in6_addr)];
+  return host && (inet_pton(AF_INET, host, b) == 1 || inet_pton(AF_INET6, host, b) == 1);
 }
 
 int dg__listen_tcp(const struct sockaddr_storage *ss, socklen_t len, int backlog) {

@@ -22,6 +22,12 @@ void dg__set_nodelay(int fd);
 
 /* Resolves host:port (numeric or name) to the first IPv4/IPv6 address. */
 int dg__resolve(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len);
+/* The same; on failure (-EHOSTUNREACH) `why` gets the resolver's reason
+ * (gai_strerror), e.g. "Name or service not known". */
+int dg__resolve_msg(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len,
+                    char *why, size_t cap);
+/* 1 when host is an IPv4 or IPv6 address literal (not a name). */
+int dg__is_numeric_host(const char *host);
 /* Listening TCP socket on host:port (port 0: any); returns fd or -errno. */
 int dg__listen_tcp(const struct sockaddr_storage *ss, socklen_t len, int backlog);
 /* Connects with a deadline (absolute ms); returns a blocking fd or a negative

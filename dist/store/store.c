@@ -65,7 +65,8 @@ int dg__store_drain(dg_store *s, int64_t deadline, int quiet_ms) {
 
 void dg_store_value_free(void *val) { dg__free(val); }
 
-static int bad_key(const char *key) { return !key || !*key; }
+/* Any string is a key, "" included (torch accepts it too). */
+static int bad_key(const char *key) { return !key; }
 
 int dg_store_set(dg_store *s, const char *key, const void *val, size_t len) {
   if (!s || bad_key(key) || (len && !val)) return DG_EINVAL;

@@ -4,6 +4,7 @@
  * timed-out exchange drops the connection; the next call reconnects, so a
  * late WAIT reply can never be taken for another request's answer. */
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -79,6 +80,10 @@ static int ensure_conn(dg_store *s, int64_t deadline) {
   if (t->fd >= 0) return DG_OK;
   /* Until the server is first reached it may not be up yet: retry. */
   int fd = dg__connect_tcp(&t->addr, t->alen, deadline, !t->was_up);
+  if (fd == -ETIMEDOUT) /* every caller's deadline is the store's timeout */
+    return dg__store_fail(s, DG_ETIMEDOUT, "tcp store %s:%d: connect timed out after %d ms "
+                          "(no server there%s)", t->host, t->port, s->timeout_ms,
+                          t->was_up ? " any more" : " yet");
   if (fd < 0) return io_fail(s, fd, "connect");
   t->fd = fd;
   t->was_up = 1;
@@ -297,6 +302,37 @@ static int wait_workers(dg_store *s, int world, int is_server) {
   return rc;
 }
 
+static void set_port(struct sockaddr_storage *ss, int port) {
+  if (ss->ss_family == AF_INET) ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+  else ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+}
+
+/* Resolves the host (naming the resolver's reason on failure) and, for a
+ * server, listens: on the host's address when it is an IP literal of this
+ * host (not exposed on other interfaces), else on every address (a name
+ * may resolve differently here than on the other hosts, e.g. to 127.0.1.1;
+ * an address not of this host is one behind NAT), as torch does. */
+static int resolve_and_listen(tcp_store *t, int is_server) {
+  char why[320];
+  if (dg__resolve_msg(t->host, t->port, &t->addr, &t->alen, why, sizeof why) < 0)
+    return dg__store_fail(&t->base, DG_EINVAL, "tcp store %s:%d: cannot resolve host \"%s\": "
+                          "%s", t->host, t->port, t->host, why);
+  if (!is_server) return DG_OK;
+  int local = dg__is_numeric_host(t->host), port = t->port, eno = 0;
+  int rc = dg__ts_server_start(&t->server, local ? &t->addr : NULL, &port, &eno, why, sizeof why);
+  if (rc != DG_OK && local && eno == EADDRNOTAVAIL) {
+    DG_LOGI("tcp store: %s is not an address of this host; listening on every address",
+            t->host);
+    port = t->port;
+    rc = dg__ts_server_start(&t->server, NULL, &port, &eno, why, sizeof why);
+  }
+  if (rc != DG_OK)
+    return dg__store_fail(&t->base, rc, "tcp store %s:%d (server): %s", t->host, t->port, why);
+  t->port = port;
+  set_port(&t->addr, port);
+  return DG_OK;
+}
+
 int dg_store_new_tcp(dg_store **out, const dg_tcp_store_opts *o, char *err, size_t cap) {
   if (!out || !o || o->port < 0 || o->port > 65535 || (o->wait_workers && o->world_size < 1))
     return dg__fail_msg(err, cap, DG_EINVAL,
@@ -310,14 +346,7 @@ int dg_store_new_tcp(dg_store **out, const dg_tcp_store_opts *o, char *err, size
   t->fd = -1;
   t->port = o->port;
   snprintf(t->host, sizeof t->host, "%s", o->host && *o->host ? o->host : "127.0.0.1");
-  int rc = DG_OK;
-  if (o->is_server) rc = dg__ts_server_start(&t->server, &t->port);
-  if (rc != DG_OK)
-    dg__store_fail(&t->base, rc, "tcp store %s:%d: cannot listen on port %d", t->host, o->port,
-                   o->port);
-  if (rc == DG_OK && dg__resolve(t->host, t->port, &t->addr, &t->alen) < 0)
-    rc = dg__store_fail(&t->base, DG_EINVAL, "tcp store %s:%d: cannot resolve host \"%s\"",
-                        t->host, t->port, t->host);
+  int rc = resolve_and_listen(t, o->is_server);
   if (rc == DG_OK) rc = ensure_conn(&t->base, dg__deadline(0, t->base.timeout_ms));
   if (rc == DG_OK && o->wait_workers) rc = wait_workers(&t->base, o->world_size, o->is_server);
   if (rc != DG_OK) { /* every message above names the store */

@@ -2,7 +2,9 @@
 #ifndef DG_TCP_STORE_IMPL_H
 #define DG_TCP_STORE_IMPL_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 enum {
   DG_TS_SET = 0,
@@ -24,8 +26,12 @@ enum {
 
 typedef struct dg_ts_server dg_ts_server;
 
-/* Starts the server thread listening on port (0: any); *port gets the port. */
-int dg__ts_server_start(dg_ts_server **out, int *port);
+/* Starts the server thread listening on `at` (its port; NULL: every address
+ * on *port), port 0: any; *port gets the port. On failure `why` says what
+ * (the address, errno, what to do) and *eno the bind's errno (0 when it
+ * bound); DG_ESTATE when the port is taken. */
+int dg__ts_server_start(dg_ts_server **out, const struct sockaddr_storage *at, int *port,
+                        int *eno, char *why, size_t cap);
 /* Waits until no client has been connected for quiet_ms, or the absolute
  * deadline (ms); returns the clients still connected. The server keeps
  * serving. */

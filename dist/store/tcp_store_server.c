@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,10 +22,17 @@ typedef struct {
   size_t n, cap, off; /* off: bytes already sent (output) */
 } buf_t;
 
+/* A key as it came on the wire: bytes, NUL included (torch keys may hold
+ * any byte). */
+typedef struct {
+  char *p;
+  size_t n;
+} key_t_;
+
 typedef struct {
   int fd;
   buf_t in, out;
-  char **wait_keys; /* (nwait) keys of a parked WAIT, NULL when not waiting */
+  key_t_ *wait_keys; /* (nwait) keys of a parked WAIT, NULL when not waiting */
   int nwait;
 } client_t;
 
@@ -60,7 +68,7 @@ static void buf_free(buf_t *b) {
 }
 
 static void clear_wait(client_t *c) {
-  for (int i = 0; i < c->nwait; i++) dg__free(c->wait_keys[i]);
+  for (int i = 0; i < c->nwait; i++) dg__free(c->wait_keys[i].p);
   dg__free(c->wait_keys);
   c->wait_keys = NULL;
   c->nwait = 0;
@@ -108,9 +116,9 @@ static int reply_bytes(client_t *c, const void *p, size_t n) {
   return reply(c, &l, 8) || reply(c, p, n) ? -1 : 0;
 }
 
-static int keys_present(dg_ts_server *s, char **keys, int n) {
+static int keys_present(dg_ts_server *s, const key_t_ *keys, int n) {
   for (int i = 0; i < n; i++)
-    if (!dg__kv_find(&s->kv, keys[i], strlen(keys[i]))) return 0;
+    if (!dg__kv_find(&s->kv, keys[i].p, keys[i].n)) return 0;
   return 1;
 }
 
@@ -131,17 +139,17 @@ static int handle_keys(dg_ts_server *s, client_t *c, cur_t *cu, int is_wait) {
   int r = get_u64(cu, &n);
   if (r <= 0) return r;
   if (n > DG_TS_MAX_KEYS) return -1;
-  char **keys = dg__calloc(n ? n : 1, sizeof *keys);
+  key_t_ *keys = dg__calloc(n ? n : 1, sizeof *keys);
   if (!keys) return -1;
   int rc = 1;
   for (uint64_t i = 0; i < n && rc == 1; i++) {
     const unsigned char *k;
     size_t kl;
     rc = get_bytes(cu, &k, &kl, DG_TS_MAX_KEY);
-    if (rc == 1 && !(keys[i] = dg__malloc(kl + 1))) rc = -1;
+    if (rc == 1 && !(keys[i].p = dg__malloc(kl ? kl : 1))) rc = -1;
     if (rc == 1) {
-      memcpy(keys[i], k, kl);
-      keys[i][kl] = 0;
+      if (kl) memcpy(keys[i].p, k, kl);
+      keys[i].n = kl;
     }
   }
   if (rc == 1) {
@@ -158,7 +166,7 @@ static int handle_keys(dg_ts_server *s, client_t *c, cur_t *cu, int is_wait) {
       return 1;
     }
   }
-  for (uint64_t i = 0; i < n; i++) dg__free(keys[i]);
+  for (uint64_t i = 0; i < n; i++) dg__free(keys[i].p);
   dg__free(keys);
   return rc;
 }
@@ -343,33 +351,66 @@ static void *server_main(void *arg) {
   return NULL;
 }
 
-int dg__ts_server_start(dg_ts_server **out, int *port) {
+/* Listens on `at` (NULL: every address, dual stack where IPv6 exists).
+ * Returns the fd or -errno; *tried gets the address of the last attempt. */
+static int listen_on(const struct sockaddr_storage *at, int port, struct sockaddr_storage *tried) {
+  if (at) {
+    *tried = *at;
+    return dg__listen_tcp(at, at->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                        : sizeof(struct sockaddr_in), 1024);
+  }
+  struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port),
+                            .sin6_addr = in6addr_any};
+  memset(tried, 0, sizeof *tried);
+  memcpy(tried, &a6, sizeof a6);
+  int fd = dg__listen_tcp(tried, sizeof a6, 1024);
+  if (fd >= 0 || fd == -EADDRINUSE || fd == -EACCES) return fd; /* else: no IPv6 here */
+  struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                           .sin_addr.s_addr = htonl(INADDR_ANY)};
+  memset(tried, 0, sizeof *tried);
+  memcpy(tried, &a4, sizeof a4);
+  return dg__listen_tcp(tried, sizeof a4, 1024);
+}
+
+/* "failed to bind ADDR (errno N: text)" and what to do about it. */
+static void bind_msg(const struct sockaddr_storage *ss, int e, char *why, size_t cap) {
+  char a[80];
+  const char *hint = e == EADDRINUSE ? ": another process holds this port (another job, or an "
+                                       "earlier run not yet exited); choose another port "
+                                       "(MASTER_PORT)"
+                     : e == EACCES ? ": ports below 1024 need privileges; choose another port "
+                                     "(MASTER_PORT)"
+                     : e == EADDRNOTAVAIL ? ": that address is not one of this host's"
+                                          : "";
+  snprintf(why, cap, "failed to bind %s (errno %d: %s)%s", dg__addr_str(ss, a, sizeof a), e,
+           strerror(e), hint);
+}
+
+int dg__ts_server_start(dg_ts_server **out, const struct sockaddr_storage *at, int *port,
+                        int *eno, char *why, size_t cap) {
   dg_ts_server *s = dg__calloc(1, sizeof *s);
   if (!s) return DG_ENOMEM;
   s->wake[0] = s->wake[1] = -1;
-  struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)*port),
-                            .sin6_addr = in6addr_any};
   struct sockaddr_storage ss;
-  memset(&ss, 0, sizeof ss);
-  memcpy(&ss, &a6, sizeof a6);
-  s->lfd = dg__listen_tcp(&ss, sizeof a6, 1024); /* dual stack */
-  if (s->lfd < 0) {
-    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)*port),
-                             .sin_addr.s_addr = htonl(INADDR_ANY)};
-    memset(&ss, 0, sizeof ss);
-    memcpy(&ss, &a4, sizeof a4);
-    s->lfd = dg__listen_tcp(&ss, sizeof a4, 1024);
-  }
+  s->lfd = listen_on(at, *port, &ss);
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   int err = s->lfd < 0 ? -s->lfd : 0;
-  if (!err && pipe2(s->wake, O_CLOEXEC) < 0) err = errno;
+  *eno = err;
+  if (err) bind_msg(&ss, err, why, cap);
+  if (!err && pipe2(s->wake, O_CLOEXEC) < 0) {
+    err = errno;
+    snprintf(why, cap, "pipe: %s", strerror(err));
+  }
   if (!err) {
     dg__set_nonblock(s->lfd, 1);
     socklen_t l = sizeof ss;
     getsockname(s->lfd, (struct sockaddr *)&ss, &l);
     *port = dg__sockaddr_port(&ss);
-    if (pthread_create(&s->thr, NULL, server_main, s) != 0) err = EAGAIN;
+    if (pthread_create(&s->thr, NULL, server_main, s) != 0) {
+      err = EAGAIN;
+      snprintf(why, cap, "cannot start the server thread");
+    }
   }
   if (err) {
     if (s->lfd >= 0) close(s->lfd);

@@ -6,6 +6,7 @@
  *         [--checkpoint PATH] [--save-every STEPS] [--resume PATH]
  *         [--max-steps N] [--log-every 100] [--loss-log FILE]
  *         [--schedule cosine|constant] [--stop-at STEP] [--overlap]
+ *         [--checkpoint-dir DIR] [--keep 3] [--rescale accum|linear]
  *
  * Models (parameters named "layers.<i>.weight" / ".bias"):
  *   mlp  784-512-256-10, ReLU
@@ -25,13 +26,30 @@
  * schedule's length; --stop-at STEP stops early (checkpoint saved) without
  * changing the schedule, to test resuming.
  *
+ * As a service (dgrad/run.h): with --checkpoint-dir DIR the run saves
+ * DIR/ckpt-<step>.safetensors (the newest --keep kept) and, started again
+ * with the same command (dgrun --max-restarts, a Slurm requeue, a restarted
+ * pod), resumes from the latest complete one by itself. With any
+ * checkpointing, SIGTERM or SIGINT to any rank stops every rank after the
+ * same step (dg_stop_agree), saves, and exits 0: the resumed run's losses
+ * are those of a run never stopped, bit for bit. Resumed on another number
+ * of ranks, the rest of the epoch is dealt over the new ranks (no sample
+ * skipped or repeated) and --rescale says what a step is: accum (default)
+ * keeps the global batch of the first start (per-rank batch x ranks),
+ * accumulating micro-batches when fewer ranks carry it (4 -> 2: 2 micro-
+ * batches per step; 2 -> 4: half the per-rank batch), same learning rate;
+ * linear keeps --batch per rank and scales the rate by new/old global batch
+ * (Goyal et al.). The schedule's length, fixed at the first start, is in
+ * steps of the first global batch; the rate follows the samples trained.
+ * --throttle-ms sleeps after each step (tests: a run long enough to signal).
+ *
  * Output: a progress line every --log-every steps (epoch, step, loss,
  * samples/s, ETA), the test accuracy at each epoch end, and a summary with
  * dgrad's heap allocations during steady-state steps (0: none; counted
  * through dg_set_allocator). --loss-log appends "<step> <loss as %a>" per
  * step (with several ranks, into FILE.rank<R>).
  *
- * Data parallel: under dgrun (WORLD_SIZE > 1 in the environment) the
+ * Data parallel: under dgrun or srun (WORLD_SIZE or SLURM_NTASKS > 1) the
  * process group comes from the environment, the parameters are wrapped with
  * DDP (dgrad/ddp.h: rank 0's initial values broadcast, gradients averaged
  * over ranks), each rank reads its own shard of every epoch (--batch is per
@@ -47,6 +65,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <dgrad.h>
 
@@ -152,16 +171,25 @@ typedef struct {
   dg_lr_schedule sched;
   char hparams[256]; /* optimizer hyper-parameters, for checkpoints */
   int64_t step;    /* global steps taken */
+  /* what a step is on this world size (see the header: --rescale) */
+  int micro, accum;      /* per-rank micro-batch, micro-batches per step */
+  float lr_scale;        /* linear rule: this global batch / the first one */
+  int64_t global0;       /* the first start's global batch */
+  int64_t sched_total;   /* schedule length, in steps of global0 samples */
+  int64_t samples;       /* samples trained, all ranks */
+  char from[4096];       /* checkpoint to resume from ("" none) */
   FILE *loss_log;
   uint64_t steady_allocs;
   double t_start;
   int64_t steps_this_run;
+  int stopped; /* the signal all ranks agreed to stop on, or 0 */
 } trainer;
 
-/* With WORLD_SIZE > 1: the process group from the environment (dgrun,
- * torchrun variables). */
+/* With WORLD_SIZE (or, under srun, SLURM_NTASKS) > 1: the process group
+ * from the environment (dgrun, torchrun, Slurm variables). */
 static int dist_setup(trainer *t) {
   const char *ws = getenv("WORLD_SIZE");
+  if (!ws) ws = getenv("SLURM_NTASKS");
   t->world = 1, t->rank = 0;
   if (!ws || atoi(ws) <= 1) return DG_OK;
   char err[512];
@@ -171,6 +199,51 @@ static int dist_setup(trainer *t) {
     return rc;
   }
   t->rank = dg_pg_rank(t->pg), t->world = dg_pg_size(t->pg);
+  return DG_OK;
+}
+
+/* An integer metadata value of checkpoint path, or def when absent. */
+static int64_t meta_i64(const char *path, const char *key, int64_t def) {
+  char v[64];
+  if (dg_checkpoint_meta(path, key, v, sizeof v, NULL, 0)) return def;
+  return strtoll(v, NULL, 10);
+}
+
+/* Finds the checkpoint to resume from (--resume, or the latest of
+ * --checkpoint-dir) and decides what a step is on this world size. */
+static int plan(trainer *t) {
+  char err[512];
+  t->from[0] = 0;
+  if (t->o.resume) snprintf(t->from, sizeof t->from, "%s", t->o.resume);
+  else if (t->o.checkpoint_dir) {
+    int rc = dg_checkpoint_dir_latest(t->o.checkpoint_dir, t->from, sizeof t->from, NULL, err,
+                                      sizeof err);
+    if (rc && rc != DG_ENOTFOUND) {
+      fprintf(stderr, "mnist: %s\n", err);
+      return rc;
+    }
+  }
+  const int64_t W = t->world, B = t->o.batch;
+  const int64_t w0 = t->from[0] ? meta_i64(t->from, "world_size", W) : W;
+  t->global0 = t->from[0] ? meta_i64(t->from, "global_batch", B * w0) : B * W;
+  t->micro = (int)B, t->accum = 1, t->lr_scale = 1.0f;
+  if (t->global0 == B * W) return DG_OK;
+  if (t->o.linear) {
+    t->lr_scale = dg_lr_scale_linear(1.0f, (int)t->global0, (int)(B * W));
+  } else if (t->global0 % W) {
+    fprintf(stderr, "mnist: %s: the global batch %" PRId64 " of the first start does not "
+            "split over %" PRId64 " ranks; use --rescale linear\n", t->from, t->global0, W);
+    return DG_EINVAL;
+  } else {
+    int64_t per = t->global0 / W, k = (per + B - 1) / B; /* per rank, per step */
+    while (per % k) k++;
+    t->accum = (int)k, t->micro = (int)(per / k);
+  }
+  if (t->rank == 0)
+    printf("resuming a run of %" PRId64 " rank(s) (global batch %" PRId64 ") on %" PRId64
+           ": %s, per-rank batch %d x %d accumulated, learning rate x %g\n", w0, t->global0, W,
+           t->o.linear ? "linear scaling rule" : "global batch kept", t->micro, t->accum,
+           (double)t->lr_scale);
   return DG_OK;
 }
 
@@ -184,7 +257,7 @@ static int open_data(trainer *t) {
   }
   dg_mnist_dataset(t->train, &t->train_ds);
   dg_mnist_dataset(t->test, &t->test_ds);
-  dg_loader_opts lo = {t->o.batch, 1, t->o.seed, 1, t->rank, t->world, 0};
+  dg_loader_opts lo = {t->micro, 1, t->o.seed, 1, t->rank, t->world, 0};
   rc = dg_loader_new(&t->loader, &t->train_ds, &lo, err, sizeof err);
   dg_loader_opts to = {500, 0, 0, 0, 0, 1, 0};
   if (!rc) rc = dg_loader_new(&t->test_loader, &t->test_ds, &to, err, sizeof err);
@@ -194,6 +267,7 @@ static int open_data(trainer *t) {
 
 static int trainer_init(trainer *t) {
   int rc = dist_setup(t);
+  if (!rc) rc = plan(t);
   if (!rc) rc = open_data(t);
   if (rc) return rc;
   dg_ctx_opts co = {.arena_bytes = 64u << 20, .seed = t->o.seed};
@@ -210,10 +284,17 @@ static int trainer_init(trainer *t) {
    * thread, "0" always one; the rest are dg_pg_new_from_env's */
   const char *e = getenv("DG_DDP_SHM_INLINE");
   if (e && (*e == '0' || *e == '1')) dopt.engine_thread = *e == '1' ? -1 : 1;
+  dopt.accum_steps = t->accum; /* DDP divides by it */
   char err[512];
   if (t->pg && (rc = dg_ddp_new(&t->ddp, t->ctx, t->ps, t->pg, &dopt, err, sizeof err))) {
     fprintf(stderr, "mnist: ddp: %s\n", err);
     return rc;
+  }
+  if (t->o.overlap && t->accum > 1) {
+    fprintf(stderr, "mnist: --overlap with %d accumulated micro-batches per step (a run "
+            "resumed on fewer ranks): resume with --rescale linear or without --overlap\n",
+            t->accum);
+    return DG_EINVAL;
   }
   if (t->o.overlap && !t->ddp) {
     fprintf(stderr, "mnist: --overlap needs data-parallel ranks (run under dgrun)\n");
@@ -223,10 +304,13 @@ static int trainer_init(trainer *t) {
     fprintf(stderr, "mnist: ddp: %s\n", dg_ddp_errmsg(t->ddp));
     return rc;
   }
-  int64_t total = t->o.epochs * dg_loader_batches_per_epoch(t->loader);
+  /* the schedule's length is the first start's (kept in checkpoints) */
+  int64_t total = t->o.epochs * (dg_loader_batches_per_epoch(t->loader) / t->accum);
   if (t->o.max_steps > 0 && t->o.max_steps < total) total = t->o.max_steps;
-  t->sched = (dg_lr_schedule){t->o.cosine ? DG_LR_COSINE : DG_LR_CONSTANT, t->o.lr, 0, total,
-                              0, 1.0f, 0.0f};
+  if (t->from[0]) total = meta_i64(t->from, "sched_total", total);
+  t->sched_total = total;
+  t->sched = (dg_lr_schedule){t->o.cosine ? DG_LR_COSINE : DG_LR_CONSTANT,
+                              t->o.lr * t->lr_scale, 0, total, 0, 1.0f, 0.0f};
   char path[4096]; /* with several ranks, one loss log per rank: FILE.rank<R> */
   if (t->o.loss_log) {
     if (t->world > 1) snprintf(path, sizeof path, "%s.rank%d", t->o.loss_log, t->rank);
@@ -255,23 +339,33 @@ static void trainer_free(trainer *t) {
 
 /* ---- checkpoints ---- */
 
+static int saving(const trainer *t) { return t->o.checkpoint || t->o.checkpoint_dir; }
+
 static int save(trainer *t, const char *why) {
-  if (!t->o.checkpoint || t->rank != 0) return DG_OK;
-  char batch[32], lr[32], seed[32], err[512];
+  if (!saving(t) || t->rank != 0) return DG_OK;
+  char batch[32], lr[32], seed[32], world[16], g0[32], total[32], samples[32], err[512];
+  char path[4096];
   snprintf(batch, sizeof batch, "%d", t->o.batch);
   snprintf(lr, sizeof lr, "%.9g", (double)t->o.lr);
   snprintf(seed, sizeof seed, "%" PRIu64, t->o.seed);
-  const char *keys[] = {"model", "optim_kind", "optim_hparams", "schedule", "batch",
-                        "base_lr", "seed", "world_size", "data"};
-  char world[16];
   snprintf(world, sizeof world, "%d", t->world);
-  const char *vals[] = {t->o.model, t->o.optim, t->hparams,
-                        t->o.cosine ? "cosine" : "constant", batch, lr, seed, world,
-                        t->o.data};
-  dg_checkpoint c = {t->ps, t->opt, t->ctx, t->loader, t->step, 9, keys, vals};
-  int rc = dg_checkpoint_save(t->o.checkpoint, &c, err, sizeof err);
+  snprintf(g0, sizeof g0, "%" PRId64, t->global0);
+  snprintf(total, sizeof total, "%" PRId64, t->sched_total);
+  snprintf(samples, sizeof samples, "%" PRId64, t->samples);
+  const char *keys[] = {"model", "optim_kind", "optim_hparams", "schedule", "batch", "base_lr",
+                        "seed", "world_size", "data", "global_batch", "sched_total", "samples"};
+  const char *vals[] = {t->o.model, t->o.optim, t->hparams, t->o.cosine ? "cosine" : "constant",
+                        batch, lr, seed, world, t->o.data, g0, total, samples};
+  dg_checkpoint c = {t->ps, t->opt, t->ctx, t->loader, t->step, 12, keys, vals};
+  int rc;
+  if (t->o.checkpoint_dir)
+    rc = dg_checkpoint_dir_save(t->o.checkpoint_dir, &c, t->o.keep, path, sizeof path, err,
+                                sizeof err);
+  else
+    rc = dg_checkpoint_save(t->o.checkpoint, &c, err, sizeof err);
   if (rc) fprintf(stderr, "mnist: checkpoint: %s\n", err);
-  else printf("checkpoint %s saved at step %" PRId64 " (%s)\n", t->o.checkpoint, t->step, why);
+  else printf("checkpoint %s saved at step %" PRId64 " (%s)\n",
+              t->o.checkpoint_dir ? path : t->o.checkpoint, t->step, why);
   fflush(stdout);
   return rc;
 }
@@ -279,32 +373,34 @@ static int save(trainer *t, const char *why) {
 /* The run's settings must match the checkpoint's (model, optimizer kind,
  * batch, seed); then everything is restored. */
 static int resume(trainer *t) {
+  if (!t->from[0]) return DG_OK; /* a first start */
   char err[512], v[256], want[64];
   const char *keys[] = {"model", "optim_kind", "batch", "seed"};
   for (int i = 0; i < 4; i++) {
     if (i == 2) snprintf(want, sizeof want, "%d", t->o.batch);
     else if (i == 3) snprintf(want, sizeof want, "%" PRIu64, t->o.seed);
     else snprintf(want, sizeof want, "%s", i ? t->o.optim : t->o.model);
-    int rc = dg_checkpoint_meta(t->o.resume, keys[i], v, sizeof v, err, sizeof err);
+    int rc = dg_checkpoint_meta(t->from, keys[i], v, sizeof v, err, sizeof err);
     if (rc || strcmp(v, want)) {
       fprintf(stderr, "mnist: cannot resume: %s\n", rc ? err : "");
       if (!rc)
         fprintf(stderr, "mnist: %s: %s is %s in the checkpoint, %s on the command line\n",
-                t->o.resume, keys[i], v, want);
+                t->from, keys[i], v, want);
       return rc ? rc : DG_EMISMATCH;
     }
   }
   dg_checkpoint c = {t->ps, t->opt, t->ctx, t->loader, 0, 0, NULL, NULL};
-  int rc = dg_checkpoint_load(t->o.resume, &c, err, sizeof err);
+  int rc = dg_checkpoint_load(t->from, &c, err, sizeof err);
   if (rc) {
     fprintf(stderr, "mnist: cannot resume: %s\n", err);
     return rc;
   }
   t->step = c.step;
+  t->samples = meta_i64(t->from, "samples", t->step * t->global0);
   int64_t ep, bt;
   dg_loader_position(t->loader, &ep, &bt);
   printf("resumed from %s: step %" PRId64 ", epoch %" PRId64 ", batch %" PRId64 "\n",
-         t->o.resume, t->step, ep + 1, bt);
+         t->from, t->step, ep + 1, bt);
   return DG_OK;
 }
 
@@ -316,23 +412,58 @@ static dg_tensor *input(trainer *t, float *x, int64_t rows) {
   return dg_wrap(t->ctx, DG_F32, cnn ? 4 : 2, cnn ? s4 : s2, x);
 }
 
-/* One training step on the loader's current batch. */
-static int train_step(trainer *t, int64_t rows, float *loss) {
+/* Forward and backward of the loader's current batch; after the step's
+ * last micro-batch also the optimizer step. */
+static int micro_step(trainer *t, int64_t rows, int last, float *loss) {
   dg_ctx *ctx = t->ctx;
   float *x = dg_loader_buffer(t->loader, 0);
   int64_t *y = dg_loader_buffer(t->loader, 1);
-  /* the rate before backward ends: with --overlap DDP applies the update
-   * later, with the rate in force then */
-  dg_optim_set_lr(t->opt, dg_lr_at(&t->sched, t->step));
-  if (!t->o.overlap) dg_params_zero_grad(t->ps); /* else DDP zeroes them */
   dg_tensor *logits = dg_module_forward(t->net, ctx, input(t, x, rows));
   dg_tensor *l = dg_cross_entropy(ctx, logits, dg_wrap(ctx, DG_I64, 1, &rows, y));
-  int rc = l ? dg_backward(ctx, l) : dg_ctx_errcode(ctx);
-  if (!rc && !t->o.overlap) rc = dg_optim_step(t->opt); /* DDP: averaged by now */
+  /* one process accumulating: the mean of the micro-batch means (DDP
+   * divides by accum_steps itself) */
+  dg_tensor *obj = l && t->accum > 1 && !t->ddp ? dg_scale(ctx, l, 1.0f / (float)t->accum) : l;
+  int rc = obj ? dg_backward(ctx, obj) : dg_ctx_errcode(ctx);
+  if (!rc && last && !t->o.overlap) rc = dg_optim_step(t->opt); /* DDP: averaged by now */
   if (rc) fprintf(stderr, "mnist: step %" PRId64 ": %s\n", t->step + 1,
                   dg_ctx_errmsg(ctx)[0] ? dg_ctx_errmsg(ctx) : dg_strerror(rc));
   else *loss = dg_tensor_item(l);
   dg_ctx_reset(ctx);
+  return rc;
+}
+
+/* One training step: the loader's current batch and accum - 1 more (the
+ * caller made sure the epoch has them). */
+static int train_step(trainer *t, int64_t rows, float *loss) {
+  /* the rate before backward ends: with --overlap DDP applies the update
+   * later, with the rate in force then; it follows the samples trained */
+  dg_optim_set_lr(t->opt, dg_lr_at(&t->sched, t->samples / t->global0));
+  if (!t->o.overlap) dg_params_zero_grad(t->ps); /* else DDP zeroes them */
+  float sum = 0, l = 0;
+  int rc = DG_OK;
+  for (int k = 0; k < t->accum && !rc; k++) {
+    if (k && !(rc = dg_loader_next(t->loader, NULL, &rows)) && rows == 0) rc = DG_ESTATE;
+    if (!rc) rc = micro_step(t, rows, k == t->accum - 1, &l);
+    sum = k ? sum + l : l;
+    t->samples += rows * t->world; /* drop_last: every rank the same rows */
+  }
+  *loss = t->accum > 1 ? sum / (float)t->accum : sum;
+  return rc;
+}
+
+/* After each step, every rank: has any rank been asked to stop? Then save
+ * (rank 0) and wait for it (all), so that an exit 0 means saved. */
+static int stop_check(trainer *t, int *stop) {
+  char err[512];
+  int sig = 0, rc = dg_stop_agree(t->pg, &sig, err, sizeof err);
+  if (rc) fprintf(stderr, "mnist: %s\n", err);
+  if (rc || !sig) return rc;
+  char why[64];
+  snprintf(why, sizeof why, "signal %d on %s", sig, dg_stop_signal() ? "this rank" : "a rank");
+  if ((rc = save(t, why))) return rc;
+  if (t->pg && (rc = dg_pg_barrier_sync(t->pg)))
+    fprintf(stderr, "mnist: barrier after the stop checkpoint: %s\n", dg_pg_errmsg(t->pg));
+  *stop = sig;
   return rc;
 }
 
@@ -394,6 +525,9 @@ static int train(trainer *t) {
     if (epoch >= t->o.epochs) return DG_OK;
     if (t->o.max_steps > 0 && t->step >= t->o.max_steps) return save(t, "max steps");
     if (t->o.stop_at > 0 && t->step >= t->o.stop_at) return save(t, "stop-at");
+    int64_t left = dg_loader_batches_left(t->loader);
+    if (left > 0 && left < t->accum) /* not a whole step: the epoch is over */
+      dg_loader_seek_samples(t->loader, epoch, t->train_ds.size);
     int rc = dg_loader_next(t->loader, NULL, &rows);
     if (rc == DG_OK && rows == 0) rc = end_epoch(t, epoch, &ep_start);
     else if (rc == DG_OK) {
@@ -402,10 +536,16 @@ static int train(trainer *t) {
       rc = train_step(t, rows, &loss);
       if (t->steps_this_run >= 2) t->steady_allocs += g_allocs - a0;
       t->step++, t->steps_this_run++;
-      if (t->loss_log) fprintf(t->loss_log, "%" PRId64 " %a\n", t->step, (double)loss);
+      if (t->loss_log) { /* flushed: a run killed later keeps its steps' lines */
+        fprintf(t->loss_log, "%" PRId64 " %a\n", t->step, (double)loss);
+        fflush(t->loss_log);
+      }
       if (!rc && t->rank == 0 && t->o.log_every > 0 && t->step % t->o.log_every == 0)
         progress(t, epoch, batch + 1, loss);
       if (!rc && t->o.save_every > 0 && t->step % t->o.save_every == 0) rc = save(t, "periodic");
+      if (!rc && t->o.throttle_ms) usleep((useconds_t)t->o.throttle_ms * 1000);
+      if (!rc && saving(t) && (rc = stop_check(t, &t->stopped)) == DG_OK && t->stopped)
+        return DG_OK;
     }
     if (rc) return rc;
   }
@@ -423,12 +563,20 @@ int main(int argc, char **argv) {
          t.o.cosine ? "cosine" : "constant", t.o.batch, t.o.epochs, t.o.threads, t.o.seed,
          t.o.data);
   fflush(stdout);
+  char err[256]; /* checkpointing runs stop gracefully on SIGTERM / SIGINT */
+  if ((t.o.checkpoint || t.o.checkpoint_dir) && (rc = dg_stop_install(NULL, 0, err, sizeof err))) {
+    fprintf(stderr, "mnist: %s\n", err);
+    return 1;
+  }
   rc = trainer_init(&t);
-  if (!rc && t.o.resume) rc = resume(&t);
+  if (!rc) rc = resume(&t);
   if (!rc) rc = train(&t);
   if (!rc && t.ddp && (rc = dg_ddp_join(t.ddp)))
     fprintf(stderr, "mnist: ddp join: %s\n", dg_ddp_errmsg(t.ddp));
-  if (!rc)
+  if (!rc && t.stopped)
+    printf("stopped by signal %d after step %" PRId64 " (checkpoint saved); exiting 0\n",
+           t.stopped, t.step);
+  else if (!rc)
     printf("done: %" PRId64 " steps in %.1fs; dgrad heap allocations in steady-state steps: %"
            PRIu64 "\n", t.step, now_s() - t.t_start, t.steady_allocs);
   trainer_free(&t);

@@ -11,6 +11,11 @@
 
 typedef struct {
   const char *data, *model, *optim, *checkpoint, *resume, *loss_log;
+  const char *checkpoint_dir; /* save there, resume from its latest */
+  int keep;                   /* checkpoints kept in checkpoint_dir */
+  int linear;                 /* another world size: 1 linear scaling rule,
+                                 0 keep the global batch (accumulation) */
+  int throttle_ms;            /* tests: sleep after each step */
   int batch, epochs, threads, log_every;
   int cosine; /* 1: cosine decay to 0 over the run's steps */
   float lr; /* 0: the optimizer's default for this example */
@@ -26,7 +31,9 @@ static const char mnist_usage[] =
     "             [--batch 64] [--lr LR] [--epochs 3] [--threads 1] [--seed 1]\n"
     "             [--checkpoint PATH] [--save-every STEPS] [--resume PATH]\n"
     "             [--max-steps N] [--log-every 100] [--loss-log FILE]\n"
-    "             [--schedule cosine|constant] [--stop-at STEP] [--overlap]\n";
+    "             [--schedule cosine|constant] [--stop-at STEP] [--overlap]\n"
+    "             [--checkpoint-dir DIR] [--keep 3] [--rescale accum|linear]\n"
+    "             [--throttle-ms MS]\n";
 
 static float mnist_default_lr(const char *optim) {
   if (!strcmp(optim, "sgd")) return 0.05f;
@@ -42,8 +49,8 @@ static int mnist_one_of(const char *v, const char *a, const char *b, const char 
 
 /* Returns 0, 1 after --help, or -1 on a bad option (message printed). */
 static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
-  *o = (mnist_opts){DG_FASHION_MNIST_DIR, "mlp", "adamw", NULL, NULL, NULL, 64, 3, 1, 100,
-                    1, 0, 1, 0, 0, 0, 0};
+  *o = (mnist_opts){DG_FASHION_MNIST_DIR, "mlp", "adamw", NULL, NULL, NULL, NULL, 3, 0, 0,
+                    64, 3, 1, 100, 1, 0, 1, 0, 0, 0, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -62,6 +69,11 @@ static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
     else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
     else if (!strcmp(a, "--resume")) o->resume = v;
     else if (!strcmp(a, "--loss-log")) o->loss_log = v;
+    else if (!strcmp(a, "--checkpoint-dir")) o->checkpoint_dir = v;
+    else if (!strcmp(a, "--keep")) o->keep = atoi(v);
+    else if (!strcmp(a, "--throttle-ms")) o->throttle_ms = atoi(v);
+    else if (!strcmp(a, "--rescale") && mnist_one_of(v, "accum", "linear", NULL, NULL))
+      o->linear = !strcmp(v, "linear");
     else if (!strcmp(a, "--schedule") && mnist_one_of(v, "cosine", "constant", NULL, NULL))
       o->cosine = !strcmp(v, "cosine");
     else if (!strcmp(a, "--batch")) o->batch = atoi(v);
@@ -81,10 +93,12 @@ static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
   }
   if (!mnist_one_of(o->model, "mlp", "cnn", NULL, NULL) ||
       !mnist_one_of(o->optim, "sgd", "adamw", "lamb", "lars") || o->batch < 1 ||
-      o->epochs < 1 || o->threads < 1 || o->lr < 0) {
+      o->epochs < 1 || o->threads < 1 || o->lr < 0 || o->keep < 0 || o->throttle_ms < 0 ||
+      (o->checkpoint_dir && (o->checkpoint || o->resume))) {
     fprintf(stderr, "mnist: invalid value (model %s, optim %s, batch %d, epochs %d, threads "
-            "%d, lr %g)\n%s", o->model, o->optim, o->batch, o->epochs, o->threads,
-            (double)o->lr, mnist_usage);
+            "%d, lr %g, keep %d, throttle %d; --checkpoint-dir excludes --checkpoint and "
+            "--resume)\n%s", o->model, o->optim, o->batch, o->epochs, o->threads,
+            (double)o->lr, o->keep, o->throttle_ms, mnist_usage);
     return -1;
   }
   if (o->lr == 0) o->lr = mnist_default_lr(o->optim);

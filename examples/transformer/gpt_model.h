@@ -53,6 +53,16 @@ dg_tensor *gpt_forward(gpt_model *m, dg_ctx *ctx, int64_t *idx, int64_t B, int64
 dg_tensor *gpt_loss(gpt_model *m, dg_ctx *ctx, int64_t *idx, int64_t *targets, int64_t B,
                     int64_t T);
 
+/* GPT-2 initialisation of every parameter of ps from its name and seed
+ * (the same values whether ps holds the whole model or a part of it). */
+void gpt_init_params(dg_params *ps, int layers, uint64_t seed);
+
+/* The same model as one Sequential, for the pipeline: GptEmbed (i64 (B, T)
+ * -> (B, T, C)), h.0 ... h.L-1, ln_f, lm_head; parameter names as above.
+ * Not bound (dg_pipe_new binds each stage; then gpt_init_params). DG_EINVAL
+ * with a tied head. */
+int gpt_sequential(dg_module **out, const gpt_config *cfg);
+
 /* Number of trainable parameters (elements). */
 int64_t gpt_num_params(const gpt_model *m);
 

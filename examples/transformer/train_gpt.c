@@ -5,6 +5,7 @@
  *               [--sample-len N] [--temperature X] [--optim adamw|lamb]
  *               [--layers L] [--heads H] [--dim C] [--context T] [--tie]
  *               [--warmup N] [--weight-decay X] [--clip X] [--log-every N]
+ *               [--swap file|bf16|file+bf16 [--swap-dir DIR] [--swap-lookahead N]]
  *
  * Model: token embedding + learned position embedding, L pre-LN transformer
  * blocks, final layernorm, linear head (tied to the token embedding with
@@ -30,6 +31,7 @@
 #include <dgrad.h>
 
 #include "gpt_model.h"
+#include "pipe_run.h"
 
 typedef struct {
   const char *text;
@@ -38,6 +40,10 @@ typedef struct {
   int tie, lamb;
   double lr, wd, clip, temperature;
   unsigned long long seed;
+  long pipe, micro;                     /* --pipe K: pipeline of K stages */
+  int one_f_one_b, remat, balance_time; /* its schedule, re-materialization, balance */
+  const char *swap, *swap_dir;          /* --swap: activation swapping (swap.h) */
+  long swap_lookahead;
 } opts;
 
 static void usage(const char *argv0) {
@@ -46,19 +52,22 @@ static void usage(const char *argv0) {
           "          [--seed S] [--eval-every N] [--eval-batches N] [--sample-len N]\n"
           "          [--temperature X] [--optim adamw|lamb] [--layers L] [--heads H]\n"
           "          [--dim C] [--context T] [--tie] [--warmup N] [--weight-decay X]\n"
-          "          [--clip X] [--log-every N]\n",
+          "          [--clip X] [--log-every N]\n"
+          "          [--pipe K [--micro-batches M] [--schedule gpipe|1f1b] [--remat]\n"
+          "           [--balance even|time]]  (under dgrun: K stages x world/K replicas)\n"
+          "          [--swap file|bf16|file+bf16 [--swap-dir DIR] [--swap-lookahead N]]\n",
           argv0);
 }
 
 static int parse(int argc, char **argv, opts *o) {
   *o = (opts){NULL, 2000, 16, 1, 100, 16, 400, 10, 100, 4, 4, 128, 64, 0, 0,
-              2e-3, 0.01, 1.0, 0.8, 1337};
+              2e-3, 0.01, 1.0, 0.8, 1337, 0, 0, 0, 0, 0, NULL, NULL, 2};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     long *lp = NULL;
     double *dp = NULL;
-    if (!strcmp(a, "--tie")) {
-      o->tie = 1;
+    if (!strcmp(a, "--tie") || !strcmp(a, "--remat")) {
+      *(a[2] == 't' ? &o->tie : &o->remat) = 1;
       continue;
     }
     if (!v) {
@@ -72,7 +81,20 @@ static int parse(int argc, char **argv, opts *o) {
         return -1;
       }
       o->lamb = !strcmp(v, "lamb");
+    } else if (!strcmp(a, "--schedule") || !strcmp(a, "--balance")) {
+      int sched = a[2] == 's';
+      if (strcmp(v, sched ? "gpipe" : "even") && strcmp(v, sched ? "1f1b" : "time")) {
+        fprintf(stderr, "transformer: %s must be %s, not %s\n", a,
+                sched ? "gpipe or 1f1b" : "even or time", v);
+        return -1;
+      }
+      *(sched ? &o->one_f_one_b : &o->balance_time) = !strcmp(v, sched ? "1f1b" : "time");
     } else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--pipe")) lp = &o->pipe;
+    else if (!strcmp(a, "--swap")) o->swap = v;
+    else if (!strcmp(a, "--swap-dir")) o->swap_dir = v;
+    else if (!strcmp(a, "--swap-lookahead")) lp = &o->swap_lookahead;
+    else if (!strcmp(a, "--micro-batches")) lp = &o->micro;
     else if (!strcmp(a, "--steps")) lp = &o->steps;
     else if (!strcmp(a, "--batch")) lp = &o->batch;
     else if (!strcmp(a, "--threads")) lp = &o->threads;
@@ -296,12 +318,63 @@ static float train_step(run_state *r, const opts *o, float lr) {
   return rc ? NAN : lv;
 }
 
+/* --swap: saved activations leave memory during forward and come back,
+ * prefetched, for backward (include/dgrad/swap.h). */
+static int swap_setup(dg_ctx *ctx, const opts *o) {
+  dg_swap_opts so;
+  dg_swap_opts_init(&so);
+  so.target = !strcmp(o->swap, "file") ? DG_SWAP_FILE
+              : !strcmp(o->swap, "bf16") ? DG_SWAP_BF16
+              : !strcmp(o->swap, "file+bf16") ? DG_SWAP_FILE | DG_SWAP_BF16 : 0;
+  so.dir = o->swap_dir;
+  so.lookahead = (int)o->swap_lookahead;
+  if (!so.target) {
+    fprintf(stderr, "transformer: --swap must be file, bf16 or file+bf16, not %s "
+                    "(host needs the CUDA backend)\n", o->swap);
+    return DG_EINVAL;
+  }
+  int rc = dg_ctx_set_swap(ctx, &so);
+  if (rc) fprintf(stderr, "transformer: --swap: %s\n", dg_ctx_errmsg(ctx));
+  return rc;
+}
+
+static void swap_report(dg_ctx *ctx, const char *target) {
+  dg_swap_stats st;
+  if (dg_ctx_swap_stats(ctx, &st)) return;
+  printf("swap (%s): %.1f MiB out / %.1f MiB in over %d backwards (%.1f MiB stored), at most "
+         "%.1f MiB out at once; backward waited %.3f s, forward %.3f s (%llu forward reads); "
+         "peak VmRSS %.1f MiB\n",
+         target, st.bytes_out / 1048576.0, st.bytes_in / 1048576.0, st.backwards,
+         st.stored_bytes / 1048576.0, st.peak_out_bytes / 1048576.0, st.backward_wait_s,
+         st.forward_wait_s, (unsigned long long)st.forward_reads, st.peak_rss / 1048576.0);
+}
+
+/* --pipe: the same model and loop as a pipeline (pipe_run.c). */
+static int pipe_main(const opts *o) {
+  if (o->tie || o->pipe < 1 || o->micro < 0) {
+    fprintf(stderr, "transformer: --pipe needs K >= 1 and no --tie (the head would share the "
+                    "embedding across the first and the last stage)\n");
+    return 2;
+  }
+  gpt_pipe_opts po = {o->text, o->steps, o->batch, o->eval_every, o->eval_batches,
+                      o->log_every, o->warmup, o->layers, o->heads, o->dim, o->context,
+                      o->lamb, o->lr, o->wd, o->clip, o->seed, (int)o->pipe,
+                      o->micro ? (int)o->micro : 2 * (int)o->pipe, o->one_f_one_b, o->remat,
+                      o->balance_time};
+  return gpt_pipe_run(&po);
+}
+
 int main(int argc, char **argv) {
   opts o;
   if (parse(argc, argv, &o)) return 2;
   dg_set_num_threads((int)o.threads);
+  if (o.pipe && o.swap) {
+    fprintf(stderr, "transformer: --swap is for the single-process loop, not --pipe\n");
+    return 2;
+  }
+  if (o.pipe) return pipe_main(&o);
   run_state r;
-  if (setup(&r, &o)) {
+  if (setup(&r, &o) || (o.swap && swap_setup(r.ctx, &o))) {
     run_free(&r);
     return 1;
   }
@@ -368,6 +441,7 @@ int main(int argc, char **argv) {
     printf("steady state (steps 11..): %llu system allocations by dgrad; arena peak %.1f MiB\n",
            (unsigned long long)(ms1.system_allocs - ms0.system_allocs),
            (double)dg_ctx_arena_peak(r.ctx) / (1024.0 * 1024.0));
+  if (o.swap) swap_report(r.ctx, o.swap);
   int rc = sample(&r.m, r.ctx, r.text, o.sample_len, o.temperature, o.seed ^ 0x5a5a5a5aull);
   printf("peak RSS %.1f MiB\n", peak_rss_mib());
   run_free(&r);

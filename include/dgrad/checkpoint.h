@@ -15,7 +15,8 @@
  * "optim.exp_avg.layers.0.weight"). Metadata (all strings): "format"
  * ("dgrad"), "dgrad_ckpt_version" ("1"), "dgrad_version", "step", and when
  * given "rng_seed"/"rng_offset" (decimal u64), "data_epoch"/"data_batch"
- * (loader position), "optim" (dg_optim_name), "optim_lr", "optim_step", and
+ * (loader position) and "data_samples" (dg_loader_tell: what a load uses,
+ * on any world size; files without it seek by data_batch), "optim" (dg_optim_name), "optim_lr", "optim_step", and
  * the caller's extra key/value pairs (hyper-parameters, model kind, ...).
  * Any safetensors reader (Python's safetensors, or 30 lines of json + struct)
  * reads the file.
@@ -130,6 +131,12 @@ typedef struct {
  * metadata rules (optimizer kind, RNG, loader position) are unchanged. */
 DG_API int dg_checkpoint_load_with(const char *path, dg_checkpoint *c,
                                    dg_checkpoint_load_opts *opts, char *err, size_t errcap);
+
+/* Checks that path is a whole checkpoint without reading its tensors: the
+ * header parses and the data section is exactly what its offsets tile (a
+ * file cut short by a copy or a full disk is DG_EFORMAT naming the tensor
+ * and the sizes). dg_checkpoint_load checks the same before writing. */
+DG_API int dg_checkpoint_verify(const char *path, char *err, size_t errcap);
 
 /* Reads one metadata value of the file into val (cap bytes, terminated;
  * DG_EINVAL when it does not fit). DG_ENOTFOUND when the key is absent.

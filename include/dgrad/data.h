@@ -208,8 +208,26 @@ DG_API int64_t dg_loader_samples_per_rank(const dg_loader *l);
 DG_API void dg_loader_position(const dg_loader *l, int64_t *epoch, int64_t *batch);
 /* Restores a position saved by dg_loader_position (checkpoint resume). */
 DG_API int dg_loader_seek(dg_loader *l, int64_t epoch, int64_t batch);
+/* The position as a count that does not depend on the world or batch size:
+ * the epoch and how many positions of its shuffled order the ranks have
+ * consumed together (batch * batch_size * world_size; the dataset size once
+ * this rank's batches of the epoch are over). */
+DG_API void dg_loader_tell(const dg_loader *l, int64_t *epoch, int64_t *samples);
+/* Restores a position saved by dg_loader_tell, with any world or batch size
+ * (0 <= samples <= dataset size, else DG_EINVAL). When samples falls on one
+ * of this loader's batch boundaries it is dg_loader_seek; otherwise (a run
+ * checkpointed on another number of ranks or batch size) the rest of the
+ * epoch, positions [samples, size), is dealt rank-strided over this
+ * loader's ranks, so across the two runs every sample of the epoch comes
+ * once (the tail padded or dropped as shard_drop and drop_last say, as for
+ * a whole epoch); later epochs are dealt whole. */
+DG_API int dg_loader_seek_samples(dg_loader *l, int64_t epoch, int64_t samples);
+/* Batches still to come in the current epoch (dg_loader_batches_per_epoch
+ * less those taken, or fewer in an epoch resumed by dg_loader_seek_samples). */
+DG_API int64_t dg_loader_batches_left(const dg_loader *l);
 /* Dataset index of this rank's k-th sample in `epoch` (-1 when out of range):
- * the order the loader follows. */
+ * the order the loader follows (for the current epoch, of its deal after
+ * dg_loader_seek_samples). */
 DG_API int64_t dg_loader_sample_index(const dg_loader *l, int64_t epoch, int64_t k);
 
 #ifdef __cplusplus

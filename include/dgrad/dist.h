@@ -153,6 +153,53 @@ DG_API int dg_pg_opts_from_env(dg_pg_opts *o);
  * (bounded by the timeout). NULL: no-op. */
 DG_API void dg_pg_free(dg_pg *pg);
 
+/* Sub-groups, as torch.distributed.new_group: makes a group of the parent's
+ * ranks `ranks` (n of them; NULL: every rank, n 0 or the parent's size).
+ * Collective over the parent: EVERY rank of the parent calls it, members
+ * or not, with the same list and in the same order as its other
+ * dg_pg_new_group calls. The list is sorted (as torch does), so rank i of
+ * the sub-group is the i-th smallest parent rank; dg_pg_rank/dg_pg_size
+ * and every collective (allreduce, broadcast roots, allgather order,
+ * send/recv peers, DDP) use that numbering. A member gets the group in
+ * *out; a rank not in `ranks` gets *out = NULL and DG_OK, as torch's
+ * NON_GROUP_MEMBER.
+ *
+ * Keys and numbering follow torch 1.13, so torch ranks of a mixed group
+ * calling new_group(ranks) make the same group with dgrad ranks: the k-th
+ * group made from a group of dg_pg_new is named "k" (store prefix
+ * "default_pg/k"), then every rank of the parent checks in at
+ * "default_pg/store_based_barrier_key:<k+1>". Sub-groups of sub-groups
+ * (dgrad-only parents; torch has none) are named "<parent>.<k>".
+ *
+ * Connections: when every member runs dgrad, the group opens none: it
+ * shares its ancestor's connections (TCP or UCX), with its own ranks and
+ * message slots, so its traffic never mixes with the parent's or another
+ * group's, and its collectives run concurrently with theirs
+ * (a 12-bit group number from a counter in the store tells them apart: the
+ * 4096th such group made over one store takes the first one's number, so
+ * free groups you no longer use before making thousands more). It also gets
+ * its own shared-memory segment where all members share a host (else
+ * cross-memory attach or the transport). A group with a torch member
+ * connects its members as torch's ProcessGroupGloo does (Gloo's
+ * algorithms, as any mixed group).
+ *
+ * Failure: bad ranks (out of range, listed twice) are DG_EINVAL at once;
+ * dgrad ranks of the parent that pass different lists all fail with
+ * DG_EMISMATCH naming both ranks and both lists; a rank of the parent that
+ * never calls fails the others at the parent's timeout, naming it. A group
+ * sharing its ancestor's connections shares their fate: a dead or silent
+ * member fails that group, its ancestors and their other sub-groups (the
+ * message names the rank in the sub-group's and the parent's numbering),
+ * as a dead rank would the parent's own collectives. A failed parent
+ * cannot make groups (its error).
+ *
+ * Freeing: any order. A parent freed before its sub-groups stays connected
+ * (idle) until the last of them is freed, then goes; free each group's
+ * works before that group. The group's timeout, options, link model and
+ * local rank/size (this host's processes) are the parent's. */
+DG_API int dg_pg_new_group(dg_pg **out, dg_pg *parent, const int *ranks, int n, char *err,
+                           size_t cap);
+
 DG_API int dg_pg_rank(const dg_pg *pg);
 DG_API int dg_pg_size(const dg_pg *pg);
 /* From LOCAL_RANK / LOCAL_WORLD_SIZE (env groups); else rank / world size. */
@@ -181,7 +228,10 @@ DG_API int dg_pg_broadcast(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int 
 /* out: (world_size * count) elements; rank r's `in` lands at out + r*count. */
 DG_API int dg_pg_allgather(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
                            dg_work **w);
-/* in: (world_size * count) elements; out: (count) = reduction of block r. */
+/* in: (world_size * count) elements; out: (count) = reduction of block r.
+ * In a group with torch or libgloo ranks the work fails at once with
+ * DG_EUNSUPPORTED (torch 1.13's gloo has no reduce_scatter; dg_work_errmsg
+ * says so) and the group stays usable. */
 DG_API int dg_pg_reduce_scatter(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt,
                                 dg_redop op, dg_work **w);
 DG_API int dg_pg_barrier(dg_pg *pg, dg_work **w);

@@ -134,6 +134,11 @@ DG_API int dg_pipe_step(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_lo
 DG_API int dg_pipe_eval(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn loss_fn,
                         void *user, float *loss);
 
+/* Clips the gradients by the global L2 norm of the whole model (every
+ * stage's, summed over the group; collective), as dg_clip_grad_norm on one
+ * process would. *total_norm (may be NULL): that norm. */
+DG_API int dg_pipe_clip_grad_norm(dg_pipe *p, double max_norm, double *total_norm);
+
 /* Train or eval mode of this stage's layers (dropout, BatchNorm). */
 DG_API void dg_pipe_set_train(dg_pipe *p, int train);
 /* This stage's layers (a Sequential owned by the pipe), e.g. to save them. */

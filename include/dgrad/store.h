@@ -7,6 +7,8 @@
  *     std::hash of the key), so a C++ libgloo program can share it;
  *   - in-process: for tests with ranks as threads;
  *   - prefix: wraps another store, key k becomes "<prefix>/<k>".
+ * Keys are C strings, "" included (as torch); a NULL key is DG_EINVAL. The
+ * TCP server also keeps keys that hold NUL bytes, as torch clients may send.
  * Every blocking call takes a deadline (timeout in milliseconds; <= 0 means
  * the store's default timeout). On timeout: DG_ETIMEDOUT, with the missing
  * keys named in dg_store_errmsg().
@@ -29,7 +31,9 @@ extern "C" {
 typedef struct dg_store dg_store;
 
 typedef struct {
-  const char *host;   /* server address to bind (server) or connect to */
+  const char *host;   /* address to connect to; the server listens there when
+                         it is an IP address of this host, else on every
+                         address (a name, or an address behind NAT) */
   int port;           /* 0 with is_server: pick a free port (see dg_store_port) */
   int is_server;      /* host the store in this process (rank 0, as torch does) */
   int world_size;     /* clients expected; the server waits for the "init/"
@@ -39,7 +43,9 @@ typedef struct {
 } dg_tcp_store_opts;
 
 /* Constructors: on failure *out is NULL and err (cap bytes, may be NULL)
- * says why; the in-memory and prefix stores fail only on a NULL argument
+ * says why (a TCP server whose port is taken: DG_ESTATE, "failed to bind
+ * HOST:PORT (errno 98: Address already in use)" and what to do; a host that
+ * does not resolve: DG_EINVAL with the resolver's reason); the in-memory and prefix stores fail only on a NULL argument
  * (DG_EINVAL) or memory (DG_ENOMEM), so they take no err. A TCP store with
  * err NULL logs its failure at WARN. */
 DG_API int dg_store_new_tcp(dg_store **out, const dg_tcp_store_opts *opts, char *err,

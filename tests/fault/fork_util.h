@@ -14,14 +14,38 @@
 #include <time.h>
 #include <unistd.h>
 
-static inline int fu_free_port(void) {
+/* A port for a rendezvous, free when checked. Not one the kernel picks
+ * (bind to port 0): those come from the ephemeral range, from which any
+ * outgoing connection or another test's port-0 listener may take it again
+ * before rank 0 binds it (interop_td was seen failing so). A random port
+ * below that range (ip_local_port_range) is only ever taken by a program
+ * asking for it by number. */
+static inline int fu_bind_ok(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_ANY)};
+  int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
   socklen_t l = sizeof a;
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
+  if (ok && port == 0) ok = getsockname(fd, (struct sockaddr *)&a, &l) == 0;
+  if (fd >= 0) close(fd);
+  return ok ? ntohs(a.sin_port) : -1;
+}
+
+static inline int fu_free_port(void) {
+  int lo = 32768, hi = 60999;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+    fclose(f);
+  }
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)t.tv_nsec;
+  for (int i = 0; lo > 21024 && i < 500; i++) {
+    int port = 20000 + (int)(rand_r(&seed) % (unsigned)(lo - 20000));
+    if (fu_bind_ok(port) == port) return port;
+  }
+  return fu_bind_ok(0); /* an odd port range: the kernel's choice */
 }
 
 /* Waits for the W children pid[] for up to `secs`; status[r] gets each wait

@@ -7,7 +7,11 @@
  * - re-materialization with dropout: bit-identical to the pipe without it;
  * - balance by time: the measured costs give the optimal split (against
  *   brute force over every split), the same on both ranks, and the model
- *   trains as on one process.
+ *   trains as on one process;
+ * - a dead middle stage of 4 fails every other stage within 2 s, naming it;
+ * - DP x PP on 4 ranks (2 stages x 2 replicas, sub-groups of the world),
+ *   GPipe and 1F1B: equal to one process on the whole batch, with the
+ *   gradient norm clipped over the whole model.
  *   test_pipe_more */
 #include "dgrad/pipe.h"
 #include "tests/ddp/ddp_util.h"
@@ -393,11 +397,131 @@ static int balance_rank(int r, int W, void *arg) {
   return dg_test_failures ? 1 : 0;
 }
 
+/* 2 x 2: pipe groups {0, 1}, {2, 3}; replica groups {0, 2}, {1, 3}. Each
+ * replica takes half of the batch; after every step each stage equals the
+ * whole model trained on one process (clipped by the global norm). */
+static int dpxpp_rank(int r, int W, void *arg) {
+  const int kind = *(const int *)arg;
+  dg_store *st;
+  dg_pg *world, *pipe_pg = NULL, *dp = NULL, *g;
+  if (du_pg(r, W, &st, &world)) return 2;
+  char err[512];
+  static const int groups[4][2] = {{0, 1}, {2, 3}, {0, 2}, {1, 3}};
+  for (int i = 0; i < 4; i++) {
+    g = NULL;
+    int rc = dg_pg_new_group(&g, world, groups[i], 2, err, sizeof err);
+    if (rc) fprintf(stderr, "rank %d: %s\n", r, err);
+    REQUIRE(rc == DG_OK);
+    if (g) *(i < 2 ? &pipe_pg : &dp) = g;
+  }
+  REQUIRE(pipe_pg && dp);
+  dg_params *ps, *ref;
+  dg_ctx *ctx;
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_params_new(&ref) == DG_OK);
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = 2;
+  po.schedule = (dg_pipe_schedule)kind;
+  po.dp_group = dp;
+  dg_pipe *p;
+  int rc = dg_pipe_new(&p, pipe_pg, model(0, 0), ps, 5, &po, err, sizeof err);
+  if (rc) fprintf(stderr, "rank %d: %s\n", r, err);
+  REQUIRE(rc == DG_OK);
+  dg_module *whole = model(0, 0);
+  REQUIRE(dg_module_bind(whole, ref, "", 5) == DG_OK);
+  dg_optim *opt, *oref;
+  REQUIRE(dg_optim_new_adamw(&opt, ps, NULL, NULL, 0) == DG_OK);
+  REQUIRE(dg_optim_new_adamw(&oref, ref, NULL, NULL, 0) == DG_OK);
+  float x[B * IN];
+  int64_t y[B];
+  const int rep = r / 2;
+  for (int s = 0; s < 3; s++) {
+    batch(s, x, y);
+    dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+    dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+    float loss;
+    rc = dg_pipe_step(p, dg_slice(ctx, xt, rep * B / 2, (rep + 1) * B / 2),
+                      dg_slice(ctx, yt, rep * B / 2, (rep + 1) * B / 2), ce, NULL, &loss);
+    if (rc) fprintf(stderr, "rank %d: %s\n", r, dg_pipe_errmsg(p));
+    REQUIRE(rc == DG_OK);
+    double norm, nref;
+    CHECK_OK(dg_pipe_clip_grad_norm(p, 0.05, &norm));
+    CHECK_OK(dg_optim_step(opt));
+    dg_params_zero_grad(ps);
+    dg_tensor *l = dg_cross_entropy(ctx, dg_module_forward(whole, ctx, xt), yt);
+    REQUIRE(l && dg_backward(ctx, l) == DG_OK);
+    CHECK_OK(dg_clip_grad_norm(ref, 0.05, &nref));
+    CHECK_NEAR(norm, nref, 1e-5 * nref);
+    CHECK(norm > 0.05); /* the clip did something */
+    CHECK_OK(dg_optim_step(oref));
+    dg_params_zero_grad(ref);
+    dg_ctx_reset(ctx);
+    double rel = max_rel(ps, ref);
+    if (!(rel < 1e-5)) fprintf(stderr, "rank %d step %d: %g\n", r, s, rel);
+    CHECK(rel < 1e-5);
+  }
+  dg_optim_free(opt);
+  dg_optim_free(oref);
+  dg_pipe_free(p);
+  dg_module_free(whole);
+  dg_params_free(ps);
+  dg_params_free(ref);
+  dg_ctx_free(ctx);
+  dg_pg_free(pipe_pg);
+  dg_pg_free(dp);
+  du_leave(st, world, W);
+  return dg_test_failures ? 1 : 0;
+}
+
+/* Stage 1 of 4 dies after a step: stages 0, 2 and 3 fail their next step
+ * within 2 s (not the 20 s timeout), each naming rank 1, stage 3 too, which
+ * has no connection with it in the pipe's traffic. */
+static int kill_middle_rank(int r, int W, void *arg) {
+  (void)arg;
+  dg_store *st;
+  dg_pg *pg;
+  if (du_pg(r, W, &st, &pg)) return 2;
+  dg_params *ps;
+  dg_ctx *ctx;
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_ctx_new(&ctx, NULL) == DG_OK);
+  dg_pipe *p = pipe_of(pg, model(0, 0), ps, 4, DG_PIPE_1F1B, 0);
+  float x[B * IN];
+  int64_t y[B];
+  batch(0, x, y);
+  dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+  dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+  REQUIRE(dg_pipe_step(p, xt, yt, ce, NULL, NULL) == DG_OK);
+  int64_t done = 0; /* every rank is out of step 0's messages before rank 1 dies */
+  dg_store_add(st, "step0", 1, &done);
+  for (int i = 0; r == 1 && done < W && i < 4000; i++) {
+    usleep(2000);
+    dg_store_add(st, "step0", 0, &done);
+  }
+  if (r == 1) _exit(0); /* dies without leaving the group */
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int rc = dg_pipe_step(p, xt, yt, ce, NULL, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  fprintf(stderr, "rank %d failed after %.3f s: %s\n", r, secs, dg_pipe_errmsg(p));
+  CHECK(rc != DG_OK);
+  CHECK_STR_HAS(dg_pipe_errmsg(p), "rank 1");
+  CHECK(secs < 2);
+  dg_pipe_free(p);
+  dg_params_free(ps);
+  dg_ctx_free(ctx);
+  dg_pg_free(pg);
+  dg_store_free(st);
+  return dg_test_failures ? 1 : 0;
+}
+
 int main(void) {
   CHECK_EQ_INT(du_run(2, eval_rank, NULL, 60, NULL), 0);
   CHECK_EQ_INT(du_run(2, memory_rank, NULL, 60, NULL), 0);
   CHECK_EQ_INT(du_run(2, token_rank, NULL, 60, NULL), 0);
   CHECK_EQ_INT(du_run(2, remat_rank, NULL, 60, NULL), 0);
   CHECK_EQ_INT(du_run(2, balance_rank, NULL, 60, NULL), 0);
+  for (int kind = 0; kind < 2; kind++) CHECK_EQ_INT(du_run(4, dpxpp_rank, &kind, 60, NULL), 0);
+  CHECK_EQ_INT(du_run(4, kill_middle_rank, NULL, 60, NULL), 0);
   return TEST_DONE();
 }

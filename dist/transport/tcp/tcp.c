@@ -195,9 +195,10 @@ static void xfail(dg_tcp_xport *x, int code, int blame, const char *fmt, ...) {
   x->err = code;
   /* Tell dgrad peers whom to blame before the sockets close. Skipped on a
    * pair with a message half written: the stream is not at a boundary. */
-  for (int i = 0; i < x->base.size && x->base.all_dgrad; i++) {
+  for (int i = 0; i < x->base.size; i++) {
     dg_tcp_pair *p = &x->pairs[i];
     if (i == x->base.rank || p->fd < 0 || i == blame || (p->out && p->out->off)) continue;
+    if (!x->base.all_dgrad && !p->dgrad) continue; /* Gloo aborts on opcodes it does not know */
     dg_tcp_hdr h = {DG_TCP_HDR, DG_TCP_ABORT, (uint64_t)(int64_t)blame, (uint64_t)(-code), 0, 0};
     ssize_t w = send(p->fd, &h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)w;
@@ -485,7 +486,7 @@ static int on_header(dg_tcp_xport *x, dg_tcp_pair *p) {
     if (h->length == 0) rop_done(x, p);
     return 0;
   }
-  if (h->opcode == DG_TCP_ABORT && x->base.all_dgrad && h->nbytes == DG_TCP_HDR) {
+  if (h->opcode == DG_TCP_ABORT && (x->base.all_dgrad || p->dgrad) && h->nbytes == DG_TCP_HDR) {
     int64_t blame = (int64_t)h->slot, code = -(int64_t)h->offset;
     if (blame < 0 || blame >= x->base.size) blame = p->peer;
     if (code >= 0 || code <= DG__ERR_MIN) code = DG_EPEER;
@@ -503,15 +504,36 @@ static int on_header(dg_tcp_xport *x, dg_tcp_pair *p) {
   return bad_frame(x, p, "unknown opcode");
 }
 
+static int pair_busy(const dg_tcp_pair *p) {
+  return p->recvs || p->sends || p->out || p->rop || p->rh_got;
+}
+
+static int any_busy(const dg_tcp_xport *x) {
+  for (int i = 0; i < x->base.size; i++)
+    if (i != x->base.rank && pair_busy(&x->pairs[i])) return 1;
+  return 0;
+}
+
 static void on_eof(dg_tcp_xport *x, dg_tcp_pair *p, int err) {
-  int busy = p->recvs || p->sends || p->out || p->rop || p->rh_got;
   const char *why = err ? strerror(err) : "connection closed";
-  if (p->state == DG_PAIR_BYE || (!busy && !x->base.all_dgrad)) {
+  if (p->state == DG_PAIR_BYE || (!pair_busy(p) && !x->base.all_dgrad)) {
     /* A peer that left cleanly: only ops that need it fail from now on. */
     DG_LOGD("tcp transport rank %d: rank %d left (%s)", x->base.rank, p->peer, why);
+    if (p->state != DG_PAIR_BYE && x->gone < 0 && any_busy(x)) {
+      x->gone = p->peer; /* mid-operation: remembered in case a failure follows */
+      x->gone_ms = dg__now_ms();
+    }
     if (p->state == DG_PAIR_BYE) pair_left(x, p);
     else close_pair(x, p, DG_EPEER);
     pthread_cond_broadcast(&x->cv);
+    return;
+  }
+  if (x->gone >= 0 && x->gone != p->peer) {
+    xfail(x, DG_EPEER, x->gone, "rank %d closed its connection first, %lld ms before rank %d "
+          "(%s) closed its own (%s), both while this rank was in an operation: rank %d "
+          "probably failed, and rank %d exited because of it (torch ranks do not say which "
+          "peer failed)", x->gone, (long long)(dg__now_ms() - x->gone_ms), p->peer, p->addr,
+          why, x->gone, p->peer);
     return;
   }
   xfail(x, DG_EPEER, p->peer, "rank %d (%s): %s (process exited or was killed?)", p->peer, p->addr,
@@ -621,7 +643,12 @@ static int tcp_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
 static void tcp_abort(dg_xport *xp, int code, int peer, const char *msg) {
   dg_tcp_xport *x = X(xp);
   pthread_mutex_lock(&x->mu);
-  xfail(x, code, peer, "%s", msg);
+  if (code == DG_ETIMEDOUT && x->gone >= 0 && x->gone != peer) /* waiting for a live rank */
+    xfail(x, code, x->gone, "%s; rank %d had closed its connection %lld ms earlier, while this "
+          "rank was in an operation: rank %d probably failed first", msg, x->gone,
+          (long long)(dg__now_ms() - x->gone_ms), x->gone);
+  else
+    xfail(x, code, peer, "%s", msg);
   pthread_mutex_unlock(&x->mu);
 }
 
@@ -718,6 +745,7 @@ int dg__tcp_xport_new(dg_xport **out, const dg_xport_opts *o, char *err, size_t 
   x->base.eager_max = DG_TCP_EAGER_MAX;
   x->spin_us = o->spin_us > 0 ? o->spin_us : o->spin_us < 0 ? 0 : 100;
   x->ep = x->evfd = -1;
+  x->gone = -1;
   pthread_mutex_init(&x->mu, NULL);
   pthread_cond_init(&x->cv, NULL);
   x->pairs = dg__calloc((size_t)o->size, sizeof *x->pairs);

@@ -228,6 +228,7 @@ int dg__tcp_rendezvous(dg_tcp_xport *x, const dg_xport_opts *o, char *err, size_
     if (i == o->rank) continue;
     if (rc == DG_OK) {
       x->pairs[i].fd = c[i].fd;
+      x->pairs[i].dgrad = c[i].dgrad;
       dg__set_nodelay(c[i].fd);
       dg__addr_str(&c[i].peer, x->pairs[i].addr, sizeof x->pairs[i].addr);
     } else if (c[i].fd >= 0) {

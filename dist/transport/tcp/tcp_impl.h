@@ -56,6 +56,7 @@ enum { DG_PAIR_OK = 0, DG_PAIR_BYE = 1, DG_PAIR_CLOSED = 2 };
 
 typedef struct {
   int peer, fd, state, epout;
+  int dgrad; /* the peer runs dgrad: ABORT may go both ways, even in a mixed group */
   char addr[64];
   /* receive state: a header being read, or a payload into rop */
   dg_tcp_hdr rh;
@@ -81,6 +82,12 @@ typedef struct {
   dg_tcp_pair *pairs; /* (size); pairs[rank] unused */
   int err;
   char errmsg[512];
+  /* Mixed groups: the first peer whose connection closed while this rank had
+   * an operation in flight that did not need it (-1: none), and when (ms).
+   * A torch rank says nothing before it exits, and its neighbours exit
+   * when it dies: the first to go is the likely root of a failure. */
+  int gone;
+  int64_t gone_ms;
   int timeout_ms;
   int spin_us; /* busy-poll before sleeping in wait (DG_SPIN_US) */
   int loop_wants_lock; /* the progress thread is queueing for mu: spinners back off */

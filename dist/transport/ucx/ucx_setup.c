@@ -33,14 +33,22 @@ static void tune(ucp_config_t *cfg) {
   }
 }
 
-static int open_worker(dg_ucx_xport *x, char *err, size_t cap) {
+/* The ucp context and worker, with `tls` as UCX_TLS (NULL: UCX's own or the
+ * user's choice). *st gets UCX's status of the step that failed. */
+static int open_ctx_worker(dg_ucx_xport *x, const char *tls, ucs_status_t *st, char *err,
+                           size_t cap) {
   ucp_config_t *cfg = NULL;
-  ucs_status_t st = DG_UCX(ucp_config_read)(NULL, NULL, &cfg);
-  if (st != UCS_OK) {
-    snprintf(err, cap, "ucx: reading the configuration: %s", DG_UCX(ucs_status_string)(st));
+  *st = DG_UCX(ucp_config_read)(NULL, NULL, &cfg);
+  if (*st != UCS_OK) {
+    snprintf(err, cap, "ucx: reading the configuration: %s", DG_UCX(ucs_status_string)(*st));
     return DG_ESYS;
   }
   tune(cfg);
+  if (tls && (*st = DG_UCX(ucp_config_modify)(cfg, "TLS", tls)) != UCS_OK) {
+    DG_UCX(ucp_config_release)(cfg);
+    snprintf(err, cap, "ucx: setting TLS=%s: %s", tls, DG_UCX(ucs_status_string)(*st));
+    return DG_ESYS;
+  }
   ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE |
                                    UCP_PARAM_FIELD_REQUEST_INIT | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
                                    UCP_PARAM_FIELD_ESTIMATED_NUM_EPS,
@@ -49,20 +57,45 @@ static int open_worker(dg_ucx_xport *x, char *err, size_t cap) {
                      .request_init = dg__ucx_request_init,
                      .mt_workers_shared = 0,
                      .estimated_num_eps = (size_t)x->base.size};
-  st = DG_UCX(ucp_init_version)(UCP_API_MAJOR, UCP_API_MINOR, &pp, cfg, &x->ctx);
+  *st = DG_UCX(ucp_init_version)(UCP_API_MAJOR, UCP_API_MINOR, &pp, cfg, &x->ctx);
   DG_UCX(ucp_config_release)(cfg);
-  if (st != UCS_OK) {
+  if (*st != UCS_OK) {
     x->ctx = NULL;
-    snprintf(err, cap, "ucx: ucp_init: %s", DG_UCX(ucs_status_string)(st));
+    snprintf(err, cap, "ucx: ucp_init: %s", DG_UCX(ucs_status_string)(*st));
     return DG_ESYS;
   }
   ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                             .thread_mode = UCS_THREAD_MODE_SERIALIZED};
-  if ((st = DG_UCX(ucp_worker_create)(x->ctx, &wp, &x->wk)) != UCS_OK) {
+  if ((*st = DG_UCX(ucp_worker_create)(x->ctx, &wp, &x->wk)) != UCS_OK) {
     x->wk = NULL;
-    snprintf(err, cap, "ucx: ucp_worker_create: %s", DG_UCX(ucs_status_string)(st));
+    snprintf(err, cap, "ucx: ucp_worker_create: %s", DG_UCX(ucs_status_string)(*st));
+    DG_UCX(ucp_cleanup)(x->ctx);
+    x->ctx = NULL;
     return DG_ESYS;
   }
+  return DG_OK;
+}
+
+/* Without resources for its shared-memory transports (a small /dev/shm,
+ * e.g. a container's 64 MiB) UCX refuses the whole worker: then try once
+ * more without them (UCX_TLS=^shm: tcp and self remain), as dgrad's own
+ * segment falls back to the transport, unless the user chose UCX_TLS. */
+static int open_worker(dg_ucx_xport *x, char *err, size_t cap) {
+  ucs_status_t st;
+  int rc = open_ctx_worker(x, NULL, &st, err, cap);
+  /* which of the two depends on the step that ran out (ranks race for it) */
+  int shm_short = st == UCS_ERR_NO_RESOURCE || st == UCS_ERR_NO_MEMORY;
+  if (rc != DG_OK && shm_short && !getenv("UCX_TLS")) {
+    DG_LOGW("rank %d: %s (is /dev/shm full or small?); retrying without UCX's shared-memory "
+            "transports (UCX_TLS=^shm)", x->base.rank, err);
+    rc = open_ctx_worker(x, "^shm", &st, err, cap);
+    if (rc != DG_OK) {
+      char first[256];
+      snprintf(first, sizeof first, "%s", err);
+      snprintf(err, cap, "%s (also without its shared-memory transports, UCX_TLS=^shm)", first);
+    }
+  }
+  if (rc != DG_OK) return rc;
   if ((st = DG_UCX(ucp_worker_get_efd)(x->wk, &x->efd)) != UCS_OK) {
     snprintf(err, cap, "ucx: ucp_worker_get_efd: %s", DG_UCX(ucs_status_string)(st));
     return DG_ESYS;
@@ -87,6 +120,39 @@ static int publish(dg_ucx_xport *x, dg_store *store, char *err, size_t cap) {
   return rc;
 }
 
+/* Waits for peer i's "ucx/<i>". A peer that publishes Gloo's "rank_<i>"
+ * instead (torch, libgloo, or dgrad over tcp) never will: fail at once,
+ * saying why, rather than at the timeout. 1: it is there; else a code. */
+static int wait_ucx_addr(const dg_xport_opts *o, int i, char *err, size_t cap) {
+  char key[32], gk[32];
+  snprintf(key, sizeof key, "ucx/%d", i);
+  snprintf(gk, sizeof gk, "rank_%d", i);
+  const char *k = key, *g = gk;
+  int64_t dl = dg__deadline(o->timeout_ms, 300000);
+  for (int ms = 1; dg__now_ms() < dl; ms = ms < 50 ? ms * 2 : 50) {
+    int here = 0, gloo = 0;
+    int rc = dg_store_check(o->store, &k, 1, &here);
+    if (rc == DG_OK && !here) rc = dg_store_check(o->store, &g, 1, &gloo);
+    if (rc != DG_OK || here) return rc == DG_OK ? 1 : rc;
+    if (gloo) {
+      int dg = o->check ? o->check(o->check_arg, i) : 0;
+      if (dg < 0) return dg;
+      snprintf(err, cap, dg ? "ucx rendezvous: rank %d runs dgrad over the tcp backend "
+                              "(DG_BACKEND must be the same on every rank)"
+                            : "ucx rendezvous: rank %d is a torch or libgloo rank: the UCX "
+                              "backend needs every rank to run dgrad (use the tcp backend "
+                              "in a mixed group)", i);
+      return dg ? DG_EMISMATCH : DG_EUNSUPPORTED;
+    }
+    usleep((useconds_t)ms * 1000);
+  }
+  snprintf(err, cap, "ucx rendezvous: rank %d published no address (key \"%s\") within %d ms",
+           i, key, o->timeout_ms > 0 ? o->timeout_ms : 300000);
+  /* A peer that never published: say so if it runs a mismatching dgrad. */
+  int c = o->check ? o->check(o->check_arg, i) : 1;
+  return c < 0 ? c : DG_ETIMEDOUT;
+}
+
 /* Reads peer i's worker address, checks it is a matching dgrad rank, and
  * creates the endpoint to it. */
 static int connect_peer(dg_ucx_xport *x, const dg_xport_opts *o, int i, char *err, size_t cap) {
@@ -94,7 +160,9 @@ static int connect_peer(dg_ucx_xport *x, const dg_xport_opts *o, int i, char *er
   void *v = NULL;
   size_t n = 0;
   snprintf(key, sizeof key, "ucx/%d", i);
-  int rc = dg_store_get(o->store, key, &v, &n, o->timeout_ms);
+  int rc = wait_ucx_addr(o, i, err, cap);
+  if (rc != 1) return rc;
+  rc = dg_store_get(o->store, key, &v, &n, o->timeout_ms);
   if (rc != DG_OK) {
     snprintf(err, cap, "ucx rendezvous: waiting for the address of rank %d: %s", i,
              dg_store_errmsg(o->store));

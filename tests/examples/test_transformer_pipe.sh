@@ -1,0 +1,44 @@
+#!/bin/bash
+# The char-GPT pipelined under dgrun trains as the unpipelined run (#13 item
+# 8): 20 steps of a tiny GPT (2 layers) on one process, then with --pipe 2
+# on 2 ranks (GPipe, 4 micro-batches), then DP x PP on 4 ranks (2 stages x
+# 2 replicas, 1F1B, re-materialization, balance by measured time). Every
+# step's printed train loss and the final val loss must agree within
+# 2e-4 (the micro-batch sums are added in another order).
+#   test_transformer_pipe.sh PATH/TO/transformer PATH/TO/dgrun
+set -u
+exe="${1:?usage: test_transformer_pipe.sh TRANSFORMER DGRUN}"
+dgrun="${2:?usage: test_transformer_pipe.sh TRANSFORMER DGRUN}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; for f in "$tmp"/*.out; do echo "---- $f" >&2; cat "$f" >&2; done; exit 1; }
+
+for i in $(seq 1 60); do
+  echo "the quick brown fox jumps over the lazy dog. a stitch in time saves nine."
+  echo "all that glitters is not gold; fortune favours the bold ($i)."
+done >"$tmp/text"
+args=(--text "$tmp/text" --steps 20 --layers 2 --heads 2 --dim 32 --context 16 --batch 8
+      --lr 1e-2 --warmup 5 --log-every 1 --eval-every 20 --eval-batches 2 --sample-len 0
+      --seed 7)
+
+"$exe" "${args[@]}" >"$tmp/one.out" 2>&1 || fail "the unpipelined run exited $?"
+timeout 120 "$dgrun" --nproc-per-node 2 "$exe" "${args[@]}" --pipe 2 --micro-batches 4 \
+  >"$tmp/pipe2.out" 2>&1 || fail "--pipe 2 on 2 ranks exited $?"
+timeout 120 "$dgrun" --nproc-per-node 4 "$exe" "${args[@]}" --pipe 2 --micro-batches 2 \
+  --schedule 1f1b --remat --balance time >"$tmp/dpxpp.out" 2>&1 ||
+  fail "DP x PP on 4 ranks exited $?"
+
+# "step N train loss X" / "step N val loss X" (dgrun prefixes "[rank 0] ")
+losses() { sed 's/^\[rank 0\] //' "$1" | awk '/^step .* (train|val) loss/ {print $2, $3, $5}'; }
+losses "$tmp/one.out" >"$tmp/one.l"
+[ "$(wc -l <"$tmp/one.l")" -eq 21 ] || fail "the unpipelined run printed $(wc -l <"$tmp/one.l") losses, want 21"
+for run in pipe2 dpxpp; do
+  losses "$tmp/$run.out" >"$tmp/$run.l"
+  paste -d' ' "$tmp/one.l" "$tmp/$run.l" | awk -v run="$run" '
+    { n++; d = $3 - $6; if (d < 0) d = -d;
+      if ($1 != $4 || $2 != $5 || d > 2e-4) { printf "%s: step %s %s loss %s, unpipelined %s\n", run, $4, $5, $6, $3; bad = 1 } }
+    END { if (n != 21) { printf "%s: %d losses, want 21\n", run, n; bad = 1 } exit bad }' ||
+    fail "$run's loss curve differs from the unpipelined run"
+done
+grep -q "stage 1 of replica 1" "$tmp/dpxpp.out" || fail "DP x PP did not report rank 3's stage"
+echo "ok: 21 losses equal across 1 process, --pipe 2 and DP x PP 2 x 2"
