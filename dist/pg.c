@@ -152,8 +152,9 @@ static int store_barrier(dg_pg *pg, char *err, size_t cap) {
   return DG_OK;
 }
 
-/* ProcessGroupGloo::setSequenceNumberForGroup: rank 0 sets 8 LE bytes. */
-static int seq_handshake(dg_pg *pg, char *err, size_t cap) {
+/* ProcessGroupGloo::setSequenceNumberForGroup: rank 0 sets 8 LE bytes (also
+ * for sub-groups, pg_group.c). */
+int dg__pg_seq_handshake(dg_pg *pg, int timeout_ms, char *err, size_t cap) {
   const char *key = "SEQ_NUM_STORE_KEY";
   int rc;
   if (pg->rank == 0) {
@@ -164,7 +165,7 @@ static int seq_handshake(dg_pg *pg, char *err, size_t cap) {
   } else {
     void *v = NULL;
     size_t n = 0;
-    rc = dg_store_get(pg->s_grp, key, &v, &n, 0);
+    rc = dg_store_get(pg->s_grp, key, &v, &n, timeout_ms);
     dg_store_value_free(v);
   }
   if (rc != DG_OK) return dg__fail_msg(err, cap, rc, "sequence number: %s", dg_store_errmsg(pg->s_grp));
@@ -252,7 +253,7 @@ static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) 
   if (!cc.hosts || !cc.probe || !cc.dgrad || !pg->pids) rc = DG_ENOMEM;
   if (rc == DG_OK) rc = connect_transport(pg, o, &bind, &cc, err, cap);
   if (rc == DG_OK && pg->torch_rdzv) rc = store_barrier(pg, err, cap);
-  if (rc == DG_OK && pg->torch_rdzv) rc = seq_handshake(pg, err, cap);
+  if (rc == DG_OK && pg->torch_rdzv) rc = dg__pg_seq_handshake(pg, 0, err, cap);
   if (rc == DG_OK && pg->own_store) rc = finish_rdzv(pg, &cc, err, cap);
   for (size_t i = 0; cc.hosts && i < W; i++) dg__free(cc.hosts[i]);
   dg__free(cc.hosts);

@@ -222,25 +222,12 @@ static int store_barrier(mk_ctx *m) {
   return DG_OK;
 }
 
-/* ProcessGroupGloo::setSequenceNumberForGroup, members only. */
+/* ProcessGroupGloo::setSequenceNumberForGroup, members only (pg.c's). */
 static int seq_handshake(mk_ctx *m) {
-  const char *key = "SEQ_NUM_STORE_KEY";
-  dg_pg *pg = m->pg;
-  int rc;
-  if (pg->rank == 0) {
-    uint64_t seq = 1 + (uint64_t)(dg__now_ns() & 0x7fffffff);
-    unsigned char b[8];
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(seq >> (8 * i));
-    rc = dg_store_set(pg->s_grp, key, b, 8);
-  } else {
-    void *v = NULL;
-    size_t n = 0;
-    rc = dg_store_get(pg->s_grp, key, &v, &n, pg->timeout_ms);
-    dg_store_value_free(v);
-  }
+  char why[256];
+  int rc = dg__pg_seq_handshake(m->pg, m->pg->timeout_ms, why, sizeof why);
   if (rc != DG_OK)
-    return dg__fail_msg(m->err, m->cap, rc, "dg_pg_new_group (sub-group %s): sequence number: %s",
-                        m->name, dg_store_errmsg(pg->s_grp));
+    return dg__fail_msg(m->err, m->cap, rc, "dg_pg_new_group (sub-group %s): %s", m->name, why);
   return DG_OK;
 }
 

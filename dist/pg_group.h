@@ -9,6 +9,9 @@
 /* dg_pg_free: frees pg now, or once its last sub-group is freed (and then
  * its parent, if that was freed before). NULL: no-op. */
 void dg__pg_release(dg_pg *pg);
+/* pg.c: Gloo's sequence-number handshake on pg's group store (members of a
+ * torch-numbered group); timeout_ms 0: the store's. */
+int dg__pg_seq_handshake(dg_pg *pg, int timeout_ms, char *err, size_t cap);
 /* pg.c: tears down a group of dg_pg_new (no sub-group left). */
 void dg__pg_destroy(dg_pg *pg);
 
