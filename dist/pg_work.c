@@ -99,7 +99,10 @@ static int post(dg_coll *c, dg_xop *op, int peer, void *buf, size_t n, int send)
                  .eager = c->eager && c->x->all_dgrad && n <= c->x->eager_max};
   int rc = send ? c->x->vt->send(c->x, op) : c->x->vt->recv(c->x, op);
   if (rc == DG_OK) return DG_OK;
-  return dg__coll_fail(c, rc, "cannot %s rank %d: it has left the group", send ? "send to" : "receive from", peer);
+  /* blame the peer, so that the abort other dgrad ranks receive names it
+   * (not this rank, the sender of the abort) */
+  return dg__coll_fail_peer(c, rc, peer, "cannot %s rank %d: it has left the group",
+                            send ? "send to" : "receive from", peer);
 }
 
 int dg__coll_send(dg_coll *c, dg_xop *op, int peer, const void *buf, size_t n) {
