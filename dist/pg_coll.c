@@ -148,6 +148,26 @@ int dg_pg_allreduce_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_red
   return rc;
 }
 
+int dg_pg_broadcast_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root) {
+  dg_work *w = NULL;
+  dg__work_caller_runs(1);
+  int rc = dg_pg_broadcast(pg, buf, count, dt, root, &w);
+  dg__work_caller_runs(0);
+  if (rc == DG_OK) rc = dg_work_wait(w, 0);
+  dg_work_free(w);
+  return rc;
+}
+
+int dg_pg_allgather_sync(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt) {
+  dg_work *w = NULL;
+  dg__work_caller_runs(1);
+  int rc = dg_pg_allgather(pg, in, out, count, dt, &w);
+  dg__work_caller_runs(0);
+  if (rc == DG_OK) rc = dg_work_wait(w, 0);
+  dg_work_free(w);
+  return rc;
+}
+
 int dg_pg_barrier_sync(dg_pg *pg) {
   dg_work *w = NULL;
   dg__work_caller_runs(1);

@@ -11,13 +11,13 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "dgrad/autograd.h"
 #include "dgrad/ops.h"
 #include "dgrad/optim.h"
 #include "dgrad/pipe.h"
 #include "core/core_impl.h"
+#include "dist/net/net_impl.h"
 #include "dist/pipe_plan.h"
 #include "dist/pipe_profile.h"
 
@@ -59,11 +59,7 @@ struct dg_pipe {
 
 #define FAIL(p, code, ...) dg__fail_msg((p)->errmsg, sizeof (p)->errmsg, code, __VA_ARGS__)
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+static double now_s(void) { return 1e-9 * (double)dg__now_ns(); }
 
 dg_pipe_opts dg_pipe_defaults(void) {
   dg_pipe_opts o;
@@ -113,12 +109,9 @@ static int agree(dg_pipe *p, const int *bounds, char *err, size_t cap) {
   if (!all) return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
   mine[0] = p->nlayers, mine[1] = p->M, mine[2] = p->kind, mine[3] = p->remat;
   for (int s = 0; s <= p->K; s++) mine[4 + s] = bounds[s];
-  dg_work *w;
-  int rc = dg_pg_allgather(p->pg, mine, all, (size_t)n, DG_I64, &w);
-  if (!rc) rc = dg_work_wait(w, 0);
+  int rc = dg_pg_allgather_sync(p->pg, mine, all, (size_t)n, DG_I64);
   if (rc) dg__fail_msg(err, cap, rc, "pipe_new: rank %d: exchanging the configuration: %s",
-                       p->s, w ? dg_work_errmsg(w) : dg_pg_errmsg(p->pg));
-  dg_work_free(w);
+                       p->s, dg_pg_errmsg(p->pg));
   for (int r = 0; !rc && r < p->K; r++)
     if (memcmp(all + (size_t)r * n, mine, (size_t)n * sizeof *mine)) {
       const int64_t *o = all + (size_t)r * n;
@@ -256,13 +249,6 @@ void dg_pipe_free(dg_pipe *p) {
 
 /* ---- DP x PP: the stage's replicas ---- */
 
-static int bcast_sync(dg_pg *pg, void *buf, size_t n, int root) {
-  dg_work *w = NULL;
-  int rc = dg_pg_broadcast(pg, buf, n, DG_F32, root, &w);
-  if (!rc) rc = dg_work_wait(w, 0);
-  dg_work_free(w);
-  return rc;
-}
 
 /* Collective over the replicas: they must hold the same stage; the
  * parameters and buffers start as replica 0's. */
@@ -271,12 +257,9 @@ static int dp_setup(dg_pipe *p, char *err, size_t cap) {
   int64_t mine[4] = {p->s, p->first, p->last, dg_params_count(p->ps)};
   int64_t *all = dg__malloc((size_t)4 * R * sizeof *all);
   if (!all) return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
-  dg_work *w = NULL;
-  int rc = dg_pg_allgather(p->dp, mine, all, 4, DG_I64, &w);
-  if (!rc) rc = dg_work_wait(w, 0);
+  int rc = dg_pg_allgather_sync(p->dp, mine, all, 4, DG_I64);
   if (rc) dg__fail_msg(err, cap, rc, "pipe_new: stage %d: exchanging stages with the replicas: "
-                       "%s", p->s, w ? dg_work_errmsg(w) : dg_pg_errmsg(p->dp));
-  dg_work_free(w);
+                       "%s", p->s, dg_pg_errmsg(p->dp));
   for (int r = 0; !rc && r < R; r++)
     if (memcmp(all + 4 * r, mine, sizeof mine))
       rc = dg__fail_msg(err, cap, DG_EMISMATCH, "pipe_new: replica rank %d holds stage %lld "
@@ -289,8 +272,8 @@ static int dp_setup(dg_pipe *p, char *err, size_t cap) {
   dg__free(all);
   size_t n = 0, nb = 0;
   float *v = dg_params_data(p->ps, &n), *b = dg_params_buffer_data(p->ps, &nb);
-  if (!rc && n) rc = bcast_sync(p->dp, v, n, 0);
-  if (!rc && nb) rc = bcast_sync(p->dp, b, nb, 0);
+  if (!rc && n) rc = dg_pg_broadcast_sync(p->dp, v, n, DG_F32, 0);
+  if (!rc && nb) rc = dg_pg_broadcast_sync(p->dp, b, nb, DG_F32, 0);
   if (rc && !*err) dg__fail_msg(err, cap, rc, "pipe_new: stage %d: broadcasting the parameters "
                                 "over the replicas: %s", p->s, dg_pg_errmsg(p->dp));
   return rc;
@@ -302,7 +285,7 @@ static int dp_sync(dg_pipe *p) {
   size_t n = 0, nb = 0;
   float *g = dg_params_grad(p->ps, &n), *b = dg_params_buffer_data(p->ps, &nb);
   int rc = n ? dg_pg_allreduce_sync(p->dp, g, n, DG_F32, DG_RED_AVG) : DG_OK;
-  if (!rc && nb) rc = bcast_sync(p->dp, b, nb, 0);
+  if (!rc && nb) rc = dg_pg_broadcast_sync(p->dp, b, nb, DG_F32, 0);
   if (rc)
     return FAIL(p, rc, "pipe step %lld: stage %d: averaging gradients over the replicas: %s",
                 (long long)p->step, p->s, dg_pg_errmsg(p->dp));
@@ -636,7 +619,7 @@ static int share_loss(dg_pipe *p, int rc, float *loss) {
   float l = (float)(p->loss_sum / p->M);
   if (!rc) {
     double t0 = now_s();
-    rc = bcast_sync(p->pg, &l, 1, p->K - 1);
+    rc = dg_pg_broadcast_sync(p->pg, &l, 1, DG_F32, p->K - 1);
     p->wait += now_s() - t0;
     if (rc) FAIL(p, rc, "pipe step %lld: stage %d: the loss broadcast failed: %s",
                  (long long)p->step, p->s, dg_pg_errmsg(p->pg));

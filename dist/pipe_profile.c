@@ -3,21 +3,17 @@
  * computes the same exact partition from them. */
 #include <math.h>
 #include <string.h>
-#include <time.h>
 
 #include "dgrad/autograd.h"
 #include "dgrad/ops.h"
 #include "core/core_impl.h"
+#include "dist/net/net_impl.h"
 #include "dist/pipe_plan.h"
 #include "dist/pipe_profile.h"
 
 enum { REPS = 3 }; /* timed runs per layer after one warm-up; the best counts */
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+static double now_s(void) { return 1e-9 * (double)dg__now_ns(); }
 
 /* Bytes of a layer's parameters and of its buffers: bound alone into a
  * scratch store (the sizes do not depend on the names). */

@@ -255,8 +255,10 @@ DG_API const char *dg_work_errmsg(const dg_work *w);
  * to its group (which must still exist). NULL: no-op. */
 DG_API void dg_work_free(dg_work *w);
 
-/* Convenience: post, wait, free. */
+/* Convenience: post, wait, free (a failure's detail: dg_pg_errmsg). */
 DG_API int dg_pg_allreduce_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op);
+DG_API int dg_pg_broadcast_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root);
+DG_API int dg_pg_allgather_sync(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt);
 DG_API int dg_pg_barrier_sync(dg_pg *pg);
 
 #ifdef __cplusplus
