@@ -667,6 +667,15 @@ int dg_pipe_step(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn l
   return run(p, x, targets, loss_fn, user, loss, 0);
 }
 
+int dg_pipe_set_step(dg_pipe *p, int64_t step) {
+  if (!p) return DG_EINVAL;
+  if (step < 0) return FAIL(p, DG_EINVAL, "pipe set step: step %lld < 0", (long long)step);
+  p->step = step;
+  return DG_OK;
+}
+
+int64_t dg_pipe_get_step(const dg_pipe *p) { return p ? p->step : -1; }
+
 int dg_pipe_eval(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn loss_fn,
                  void *user, float *loss) {
   return run(p, x, targets, loss_fn, user, loss, 1);

@@ -106,6 +106,95 @@ int dg_checkpoint_dir_save(const char *dir, const dg_checkpoint *c, int keep, ch
   return rc;
 }
 
+/* The newest complete checkpoint of dir at or below step limit: *step, or
+ * -1 when none; *any = 1 when dir holds checkpoint names at all. */
+static int newest_complete(const char *dir, int64_t limit, int64_t *step, int *any, char *err,
+                           size_t errcap) {
+  int64_t *steps;
+  int n, rc = list_steps(dir, &steps, &n, err, errcap);
+  *step = -1, *any = n > 0;
+  if (rc == DG_ENOTFOUND) return DG_OK;
+  char p[4096], why[512];
+  for (int k = 0; !rc && k < n && *step < 0; k++) {
+    if (steps[k] > limit || step_path(dir, steps[k], p, sizeof p)) continue;
+    if (dg_checkpoint_verify(p, why, sizeof why)) DG_LOGW("checkpoint dir %s: skipping %s", dir, why);
+    else *step = steps[k];
+  }
+  dg__free(steps);
+  return rc;
+}
+
+/* v (n values) reduced with MIN over pg; a group failure is its message. */
+static int group_min(dg_pg *pg, int64_t *v, size_t n, char *err, size_t errcap) {
+  int rc = dg_pg_allreduce_sync(pg, v, n, DG_I64, DG_RED_MIN);
+  if (rc) dg__fail_msg(err, errcap, rc, "checkpoint dir resume: group: %s", dg_pg_errmsg(pg));
+  return rc;
+}
+
+/* Phase 1: the newest step every rank has, or -1 for a first start. */
+static int common_step(const char *dir, dg_pg *pg, int64_t *m, char *err, size_t errcap) {
+  int any, rc = newest_complete(dir, INT64_MAX, m, &any, err, errcap);
+  int64_t v[3] = {rc ? -2 : *m, rc ? 0 : -*m, rc ? -1 : -any}; /* min, -max, -any files */
+  int g = group_min(pg, v, 3, err, errcap);
+  if (g) return g;
+  if (v[0] == -2)
+    return rc ? rc : dg__fail_msg(err, errcap, DG_EIO, "checkpoint dir %s: another rank "
+                                  "could not read its directory", dir);
+  if (-v[1] == -1 && v[2] == 0) return DG_OK; /* no rank has any: a first start */
+  if (-v[1] == -1)
+    return dg__fail_msg(err, errcap, DG_EFORMAT, "checkpoint dir %s: no rank of %d has a "
+                        "complete checkpoint, but some have broken ones (each skipped is "
+                        "logged): not a first start", dir, dg_pg_size(pg));
+  if (v[0] < 0 && *m < 0)
+    return dg__fail_msg(err, errcap, DG_EFORMAT, "checkpoint dir %s: this rank has no "
+                        "complete checkpoint, but another rank of %d has (up to step %" PRId64
+                        "): not a first start; restore this rank's directory", dir,
+                        dg_pg_size(pg), -v[1]);
+  if (v[0] < 0)
+    return dg__fail_msg(err, errcap, DG_EFORMAT, "checkpoint dir %s: this rank's newest "
+                        "complete checkpoint is step %" PRId64 ", but another rank of %d has "
+                        "none: the ranks' directories do not belong to one run", dir, *m,
+                        dg_pg_size(pg));
+  *m = v[0];
+  return DG_OK;
+}
+
+int dg_checkpoint_dir_resume_group(const char *dir, dg_checkpoint *c, dg_pg *pg, int *resumed,
+                                   char *path, size_t cap, char *err, size_t errcap) {
+  if (err && errcap) err[0] = 0;
+  if (resumed) *resumed = 0;
+  if (path && cap) path[0] = 0;
+  if (!dir || !c || !pg || !resumed)
+    return dg__fail_msg(err, errcap, DG_EINVAL, "checkpoint dir resume group: NULL dir, "
+                        "checkpoint, group or resumed");
+  int64_t m, have;
+  int any, rc = common_step(dir, pg, &m, err, errcap);
+  if (rc || m < 0) return rc;
+  /* Phase 2: every rank holds step m complete (a rank killed while saving
+   * the newest has an older one; the others must still keep it). */
+  if (newest_complete(dir, m, &have, &any, err, errcap)) have = -1;
+  int64_t ok = have == m;
+  if ((rc = group_min(pg, &ok, 1, err, errcap))) return rc;
+  if (!ok)
+    return dg__fail_msg(err, errcap, DG_EFORMAT, "checkpoint dir %s: step %" PRId64 ", the "
+                        "newest every rank reached, is %s; keep more checkpoints per "
+                        "directory (keep >= 2)", dir, m, have == m ? "missing on another "
+                        "rank" : "not complete here");
+  char p[4096];
+  if (step_path(dir, m, p, sizeof p))
+    return dg__fail_msg(err, errcap, DG_EINVAL, "checkpoint dir %s: path too long", dir);
+  rc = dg_checkpoint_load(p, c, err, errcap);
+  ok = rc == DG_OK; /* one rank's failed load fails every rank */
+  int g = group_min(pg, &ok, 1, rc ? NULL : err, rc ? 0 : errcap);
+  if (!rc && (g || !ok))
+    return g ? g : dg__fail_msg(err, errcap, DG_EFORMAT, "checkpoint dir %s: another rank "
+                                "failed to load step %" PRId64, dir, m);
+  if (rc) return rc;
+  *resumed = 1;
+  if (path && cap && (size_t)snprintf(path, cap, "%s", p) >= cap) path[0] = 0;
+  return DG_OK;
+}
+
 int dg_checkpoint_dir_latest(const char *dir, char *path, size_t cap, int64_t *step, char *err,
                              size_t errcap) {
   if (err && errcap) err[0] = 0;

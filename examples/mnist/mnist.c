@@ -7,6 +7,7 @@
  *         [--max-steps N] [--log-every 100] [--loss-log FILE]
  *         [--schedule cosine|constant] [--stop-at STEP] [--overlap]
  *         [--checkpoint-dir DIR] [--keep 3] [--rescale accum|linear]
+ *         [--accum K]
  *
  * Models (parameters named "layers.<i>.weight" / ".bias"):
  *   mlp  784-512-256-10, ReLU
@@ -41,6 +42,9 @@
  * linear keeps --batch per rank and scales the rate by new/old global batch
  * (Goyal et al.). The schedule's length, fixed at the first start, is in
  * steps of the first global batch; the rate follows the samples trained.
+ * --accum K splits each step's --batch rows per rank into K micro-batches
+ * whose gradients accumulate before the one optimizer step (DDP averages
+ * once per step): the same global batch in less memory.
  * --throttle-ms sleeps after each step (tests: a run long enough to signal).
  *
  * Output: a progress line every --log-every steps (epoch, step, loss,
@@ -223,10 +227,11 @@ static int plan(trainer *t) {
       return rc;
     }
   }
-  const int64_t W = t->world, B = t->o.batch;
+  /* B: the per-rank rows of a step; mb: the most rows of one micro-batch */
+  const int64_t W = t->world, B = t->o.batch, mb = B / t->o.accum;
   const int64_t w0 = t->from[0] ? meta_i64(t->from, "world_size", W) : W;
   t->global0 = t->from[0] ? meta_i64(t->from, "global_batch", B * w0) : B * W;
-  t->micro = (int)B, t->accum = 1, t->lr_scale = 1.0f;
+  t->micro = (int)mb, t->accum = t->o.accum, t->lr_scale = 1.0f;
   if (t->global0 == B * W) return DG_OK;
   if (t->o.linear) {
     t->lr_scale = dg_lr_scale_linear(1.0f, (int)t->global0, (int)(B * W));
@@ -235,7 +240,7 @@ static int plan(trainer *t) {
             "split over %" PRId64 " ranks; use --rescale linear\n", t->from, t->global0, W);
     return DG_EINVAL;
   } else {
-    int64_t per = t->global0 / W, k = (per + B - 1) / B; /* per rank, per step */
+    int64_t per = t->global0 / W, k = (per + mb - 1) / mb; /* per rank, per step */
     while (per % k) k++;
     t->accum = (int)k, t->micro = (int)(per / k);
   }
@@ -285,6 +290,13 @@ static int trainer_init(trainer *t) {
   const char *e = getenv("DG_DDP_SHM_INLINE");
   if (e && (*e == '0' || *e == '1')) dopt.engine_thread = *e == '1' ? -1 : 1;
   dopt.accum_steps = t->accum; /* DDP divides by it */
+  /* One bucket layout for the whole run. DDP otherwise re-lays its buckets
+   * out after the first step of each start, so a resumed run's first step
+   * would sum each gradient element in another order than the uninterrupted
+   * run's on a ring between hosts (last-bit differences; within one host
+   * the shared-memory average is in rank order whatever the layout). With
+   * the layout kept, a stop and restart is bit-exact on any topology. */
+  dopt.static_buckets = 1;
   char err[512];
   if (t->pg && (rc = dg_ddp_new(&t->ddp, t->ctx, t->ps, t->pg, &dopt, err, sizeof err))) {
     fprintf(stderr, "mnist: ddp: %s\n", err);

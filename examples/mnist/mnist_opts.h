@@ -24,6 +24,7 @@ typedef struct {
   int64_t stop_at; /* tests: stop (and save) at this global step, as if the
                       run were interrupted there; the schedule is unchanged */
   int overlap; /* DDP steps the optimizer, overlapping the next forward */
+  int accum;   /* micro-batches per step: --batch rows split in accum parts */
 } mnist_opts;
 
 static const char mnist_usage[] =
@@ -33,7 +34,7 @@ static const char mnist_usage[] =
     "             [--max-steps N] [--log-every 100] [--loss-log FILE]\n"
     "             [--schedule cosine|constant] [--stop-at STEP] [--overlap]\n"
     "             [--checkpoint-dir DIR] [--keep 3] [--rescale accum|linear]\n"
-    "             [--throttle-ms MS]\n";
+    "             [--throttle-ms MS] [--accum K]\n";
 
 static float mnist_default_lr(const char *optim) {
   if (!strcmp(optim, "sgd")) return 0.05f;
@@ -50,7 +51,7 @@ static int mnist_one_of(const char *v, const char *a, const char *b, const char 
 /* Returns 0, 1 after --help, or -1 on a bad option (message printed). */
 static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
   *o = (mnist_opts){DG_FASHION_MNIST_DIR, "mlp", "adamw", NULL, NULL, NULL, NULL, 3, 0, 0,
-                    64, 3, 1, 100, 1, 0, 1, 0, 0, 0, 0};
+                    64, 3, 1, 100, 1, 0, 1, 0, 0, 0, 0, 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -77,6 +78,7 @@ static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
     else if (!strcmp(a, "--schedule") && mnist_one_of(v, "cosine", "constant", NULL, NULL))
       o->cosine = !strcmp(v, "cosine");
     else if (!strcmp(a, "--batch")) o->batch = atoi(v);
+    else if (!strcmp(a, "--accum")) o->accum = atoi(v);
     else if (!strcmp(a, "--epochs")) o->epochs = atoi(v);
     else if (!strcmp(a, "--threads")) o->threads = atoi(v);
     else if (!strcmp(a, "--log-every")) o->log_every = atoi(v);
@@ -99,6 +101,11 @@ static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
             "%d, lr %g, keep %d, throttle %d; --checkpoint-dir excludes --checkpoint and "
             "--resume)\n%s", o->model, o->optim, o->batch, o->epochs, o->threads,
             (double)o->lr, o->keep, o->throttle_ms, mnist_usage);
+    return -1;
+  }
+  if (o->accum < 1 || o->batch % o->accum) {
+    fprintf(stderr, "mnist: --accum %d must be >= 1 and divide --batch %d (the step's rows "
+            "are split into that many micro-batches)\n", o->accum, o->batch);
     return -1;
   }
   if (o->lr == 0) o->lr = mnist_default_lr(o->optim);

@@ -137,6 +137,14 @@ DG_API int dg_pipe_eval(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_lo
 /* Clips the gradients by the global L2 norm of the whole model (every
  * stage's, summed over the group; collective), as dg_clip_grad_norm on one
  * process would. *total_norm (may be NULL): that norm. */
+/* The pipe's step counter: the steps and evals run since creation. It
+ * seeds each micro-batch's random numbers (dropout) and tags every
+ * boundary, so a run resumed from a checkpoint sets it to the value it had
+ * when saved (every rank the same; a boundary from another step is
+ * refused) and draws the masks the uninterrupted run would. step >= 0. */
+DG_API int dg_pipe_set_step(dg_pipe *p, int64_t step);
+DG_API int64_t dg_pipe_get_step(const dg_pipe *p);
+
 DG_API int dg_pipe_clip_grad_norm(dg_pipe *p, double max_norm, double *total_norm);
 
 /* Train or eval mode of this stage's layers (dropout, BatchNorm). */

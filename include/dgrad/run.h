@@ -102,6 +102,18 @@ DG_API int dg_checkpoint_dir_latest(const char *dir, char *path, size_t cap, int
 DG_API int dg_checkpoint_dir_resume(const char *dir, dg_checkpoint *c, int *resumed, char *path,
                                     size_t cap, char *err, size_t errcap);
 
+/* Collective over pg, for runs whose ranks hold different state (a
+ * pipeline's stages, each saving its own directory): every rank resumes
+ * from its dir at the newest step that every rank has complete. A rank
+ * killed while saving step s leaves the others' step s unused: all resume
+ * from the step before, so each directory must keep >= 2 checkpoints.
+ * *resumed = 0 with DG_OK when no rank has a checkpoint; DG_EFORMAT, on
+ * every rank, when some ranks have one and others none, or when the
+ * common step is missing somewhere; a failed load on one rank fails all. */
+DG_API int dg_checkpoint_dir_resume_group(const char *dir, dg_checkpoint *c, dg_pg *pg,
+                                          int *resumed, char *path, size_t cap, char *err,
+                                          size_t errcap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,7 +6,8 @@ synthetic MNIST-format directory:
      saves to --checkpoint-dir and exits 0; started again with the same
      command it resumes by itself, losing no step, and every rank's losses
      equal the uninterrupted run's bit for bit.
-  2. 2 ranks, SIGTERM to dgrun (forwarded to the ranks): the same.
+  2. 2 ranks, SIGTERM to dgrun (forwarded to the ranks): the same; and
+     with gradient accumulation (--accum 2) on 1 process and on 2 ranks.
   3. 4 -> 2 and 2 -> 4 ranks (--rescale accum): the resumed run keeps the
      global batch (2 micro-batches per step, or half the per-rank batch);
      the mean loss over ranks of each step follows the uninterrupted run's
@@ -85,22 +86,23 @@ def stop_run(cmd, log0, after, target):
     return p.returncode, out, (time.time() - t0) * 1e3
 
 
-def uninterrupted(exe, dgrun, tmp, w, batch=8):
-    log = os.path.join(tmp, "full_w%d_b%d.log" % (w, batch))
-    if not lines(log + ".rank0"):
-        rc, out = run(dgrun_cmd(dgrun, exe, w, common(tmp, batch) + ["--loss-log", log]))
+def uninterrupted(exe, dgrun, tmp, w, batch=8, extra=()):
+    log = os.path.join(tmp, "full_w%d_b%d%s.log" % (w, batch, "".join(extra)))
+    if not lines(rank_log(log, w, 0)):
+        rc, out = run(dgrun_cmd(dgrun, exe, w, common(tmp, batch) + list(extra) +
+                                ["--loss-log", log]))
         if rc:
             fail("uninterrupted W=%d: exit %d\n%s" % (w, rc, out))
     return log
 
 
-def stop_and_resume(exe, dgrun, tmp, w, target):
-    ref = uninterrupted(exe, dgrun, tmp, w)
-    tag = "stop_w%d_%s" % (w, target)
+def stop_and_resume(exe, dgrun, tmp, w, target, extra=()):
+    ref = uninterrupted(exe, dgrun, tmp, w, extra=extra)
+    tag = "stop_w%d_%s%s" % (w, target, "".join(extra))
     d, log = os.path.join(tmp, tag), os.path.join(tmp, tag + ".log")
-    args = common(tmp) + ["--checkpoint-dir", d, "--loss-log", log]
+    args = common(tmp) + list(extra) + ["--checkpoint-dir", d, "--loss-log", log]
     rc, out, ms = stop_run(dgrun_cmd(dgrun, exe, w, args + ["--throttle-ms", "25"]),
-                           log + ".rank0", 15, target)
+                           rank_log(log, w, 0), 15, target)
     want_rc = 143 if target == "dgrun" else 0
     stopped = [int(x.split()[-5]) for x in out.split("\n") if "stopped by signal 15" in x]
     if rc != want_rc or len(stopped) != w or len(set(stopped)) != 1:
@@ -115,13 +117,18 @@ def stop_and_resume(exe, dgrun, tmp, w, target):
              % (tag, stopped[0], rc, out))
         return
     for r in range(w):
-        a, b = lines("%s.rank%d" % (ref, r)), lines("%s.rank%d" % (log, r))
+        a, b = lines(rank_log(ref, w, r)), lines(rank_log(log, w, r))
         if len(a) != N or a != b:
             fail("%s rank %d: losses differ from the uninterrupted run\n%s\nvs\n%s"
                  % (tag, r, a, b))
         else:
             print("ok %s rank %d: %d = %d + %d losses identical" % (tag, r, N, stopped[0],
                                                                    N - stopped[0]))
+
+
+def rank_log(log, w, r):
+    """The loss log of rank r: FILE.rank<r>, or FILE itself for one rank."""
+    return "%s.rank%d" % (log, r) if w > 1 else log
 
 
 def mean_losses(log, w):
@@ -197,6 +204,10 @@ def main():
         make_data(tmp)
         stop_and_resume(exe, dgrun, tmp, 4, 2)
         stop_and_resume(exe, dgrun, tmp, 2, "dgrun")
+        # gradient accumulation (2 micro-batches of 4 rows per step), on one
+        # process and on 2 ranks: the micro-batch position resumes exactly
+        stop_and_resume(exe, dgrun, tmp, 1, 0, ["--accum", "2"])
+        stop_and_resume(exe, dgrun, tmp, 2, 1, ["--accum", "2"])
         reshard(exe, dgrun, tmp, 4, 2)
         reshard(exe, dgrun, tmp, 2, 4)
         reshard(exe, dgrun, tmp, 2, 4, "linear")
