@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "autograd/swap_impl.h"
+#include "base/trace_impl.h"
 
 /* Ops a committed record stays resident, so that a residual read a few ops
  * later (a transformer block's skip connection) does not bring it back. */
@@ -76,7 +77,9 @@ static int load_now(dg__swap *s, int i) {
   r->state = DG_SW_LOADING;
   dg__swio io = {r->lo, r->len, r->off, r->z, r->bf16, s->fd >= 0};
   pthread_mutex_unlock(&s->mu);
+  uint64_t tr0 = dg__trace_t0();
   int e = dg__swap_load(s, &io, s->stage[1]);
+  DG__TRACE_END(tr0, "swap in", NULL, "bytes", (int64_t)io.len, NULL, 0);
   pthread_mutex_lock(&s->mu);
   r = &s->r[i];
   if (e) {
@@ -96,6 +99,7 @@ static int make_resident(dg__swap *s, int i, double *waited) {
   int st = s->r[i].state;
   if (st != DG_SW_OUT && st != DG_SW_LOADQ && st != DG_SW_LOADING) return DG_OK;
   double t0 = dg__swap_now();
+  uint64_t tr0 = dg__trace_t0();
   int rc = DG_OK;
   if (st != DG_SW_LOADING) {
     rc = load_now(s, i);
@@ -111,6 +115,7 @@ static int make_resident(dg__swap *s, int i, double *waited) {
       }
     if (!rc && s->r[i].state == DG_SW_OUT) rc = report(s); /* its load failed */
   }
+  DG__TRACE_END(tr0, "swap wait", NULL, "bytes", (int64_t)s->r[i].len, NULL, 0);
   *waited += dg__swap_now() - t0;
   return rc;
 }

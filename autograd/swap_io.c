@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "autograd/swap_impl.h"
+#include "base/trace_impl.h"
 
 double dg__swap_now(void) {
   struct timespec ts;
@@ -190,7 +191,9 @@ void *dg__swap_thread(void *arg) {
     dg__swio io = io_of(s, r);
     s->io_busy = 1;
     pthread_mutex_unlock(&s->mu);
+    uint64_t tr0 = dg__trace_t0();
     int e = load ? dg__swap_load(s, &io, s->stage[0]) : dg__swap_store(s, &io, s->stage[0]);
+    DG__TRACE_END(tr0, load ? "swap in" : "swap out", NULL, "bytes", (int64_t)io.len, NULL, 0);
     pthread_mutex_lock(&s->mu);
     s->io_busy = 0;
     r = &s->r[i]; /* the array may have grown meanwhile */

@@ -8,6 +8,7 @@
 #include "core/core_impl.h"
 #include "autograd/swap_impl.h"
 #include "backends/kern_mem.h"
+#include "base/trace_impl.h"
 
 /* Grows ts's arrays to n parameters; new entries start unused. */
 static int tstore_grow(dg_tape_store *ts, int n) {
@@ -476,12 +477,14 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
 
   int prev = dg_ctx_set_grad_enabled(ctx, 0);
   ctx->in_backward = 1;
+  uint64_t tr0 = dg__trace_t0();
   int rc = walk(ctx);
   if (ctx->swap) dg__swap_backward_end(ctx->swap);
   if (!rc) finish_stores(ctx);
   for (int h = 0; !rc && h < ctx->nend_hooks; h++)
     rc = ctx->end_hooks[h].end(ctx->end_hooks[h].user, ctx);
   ctx->in_backward = 0;
+  DG__TRACE_END(tr0, "backward", NULL, "nodes", ctx->ntape, NULL, 0);
   dg_ctx_set_grad_enabled(ctx, prev);
   uint64_t epoch = 0; /* step boundaries of the stores involved */
   for (int st = 0; st < ctx->nstores; st++) epoch += ctx->stores[st].ps->zero_grads;

@@ -12,10 +12,12 @@ Both builds need -Dbench=true (the default). Record the CPU with the figures.
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -57,10 +59,10 @@ def allreduce_once(build, size, port):
 
 def allreduce(build, size):
     """All-reduces per second of `size` bytes over 2 local ranks (median of
-    iters). A random port can be taken by another program: then again on
-    another."""
+    iters); a port free now below the ephemeral range (bench/host.py), and
+    again on another should another program take it first."""
     for _ in range(3):
-        v = allreduce_once(build, size, str(random.randint(20000, 60000)))
+        v = allreduce_once(build, size, str(free_port()))
         if v is not None:
             return v
     sys.exit(f"allreduce {size} B failed three times ({build})")

@@ -8,12 +8,20 @@
  * same work in PyTorch; bench/run_gpt.sh runs both interleaved.
  *
  *   gpt [--batch N] [--threads T] [--steps S] [--warmup W] [--layers L]
- *       [--dim C] [--heads H] [--context T] [--vocab V]
+ *       [--dim C] [--heads H] [--context T] [--vocab V] [--no-roofline]
  *
  * Prints one JSON line:
  *   {"impl":"dgrad","model":"gpt","batch":..,"threads":..,"steps":..,
  *    "steps_per_s":..,"tokens_per_s":..,"cpu_ms_per_step":..,"peak_rss_mib":..,"arena_peak_mib":..,
- *    "heap_allocs_per_step":..,"heap_frees_per_step":..,"loss":..}
+ *    "heap_allocs_per_step":..,"heap_frees_per_step":..,"loss":..,
+ *    "gemm_gflop_per_step":..,"sgemm_gflops":..,"step_gflops":..,"roofline_pct":..}
+ *
+ * The roofline (roofline.h): before the warmup, OpenBLAS sgemm is timed on
+ * the step's GEMMs for --threads threads: per layer c_attn, attention c_proj,
+ * c_fc and MLP c_proj (forward, dW, dx), the head, and attention's
+ * six (T, T, head dim) products per (batch, head) counted at half (causal:
+ * dgrad skips the masked triangle). null without OpenBLAS or with
+ * --no-roofline.
  *
  * Heap allocations are counted by interposing malloc & co. in this binary
  * (as bench/mlp.c), over the timed steps only. cpu_ms_per_step is process
@@ -33,6 +41,7 @@
 
 #include "alloc_count.h"
 #include "bench_util.h"
+#include "roofline.h"
 
 #include "gpt_model.h"
 
@@ -41,6 +50,28 @@
 
 
 
+
+/* The step's GEMMs (see the top of the file). */
+static int gpt_roofline(const gpt_config *c, long B, int threads, rl_result *out) {
+  rl_gemm g[64];
+  int n = 0;
+  int64_t rows = B * c->context, C = c->dim, T = c->context, hd = C / c->heads;
+  int64_t pairs = (B * c->heads + 1) / 2; /* causal: half of each (T, T) product */
+  if (c->heads <= 0 || C % c->heads) return -1; /* gpt_new says what is wrong */
+  rl_linear(g, &n, rows, C, 3 * C, 1);     /* c_attn */
+  rl_linear(g, &n, rows, C, C, 1);         /* attention c_proj */
+  rl_linear(g, &n, rows, C, 4 * C, 1);     /* c_fc */
+  rl_linear(g, &n, rows, 4 * C, C, 1);     /* MLP c_proj */
+  g[n++] = (rl_gemm){0, 1, T, T, hd, pairs}; /* S = q k^T */
+  g[n++] = (rl_gemm){0, 0, T, hd, T, pairs}; /* y = P v */
+  g[n++] = (rl_gemm){0, 1, T, T, hd, pairs}; /* dP = dy v^T */
+  g[n++] = (rl_gemm){0, 0, T, hd, T, pairs}; /* dq = dS k */
+  g[n++] = (rl_gemm){1, 0, T, hd, T, pairs}; /* dv = P^T dy */
+  g[n++] = (rl_gemm){1, 0, T, hd, T, pairs}; /* dk = dS^T q */
+  for (int i = 0; i < n; i++) g[i].count *= c->layers;
+  rl_linear(g, &n, rows, C, c->vocab, 1); /* head (tied or not: same products) */
+  return roofline_measure(g, n, threads, 40.0, out);
+}
 
 /* One step; returns the loss or NAN (message printed). x, y (B, T) i64. */
 static float step(dg_ctx *ctx, gpt_model *m, dg_optim *opt, int64_t *x, int64_t *y, int64_t B,
@@ -60,6 +91,7 @@ static float step(dg_ctx *ctx, gpt_model *m, dg_optim *opt, int64_t *x, int64_t 
 int main(int argc, char **argv) {
   long batch = 16, threads = 1, steps = 50, warmup = 5;
   long layers = 4, dim = 128, heads = 4, context = 64, vocab = 114;
+  int roofline = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i, 1);
     else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i, 1);
@@ -70,10 +102,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--heads")) heads = arg_long(argc, argv, &i, 1);
     else if (!strcmp(argv[i], "--context")) context = arg_long(argc, argv, &i, 1);
     else if (!strcmp(argv[i], "--vocab")) vocab = arg_long(argc, argv, &i, 1);
+    else if (!strcmp(argv[i], "--no-roofline")) roofline = 0;
     else {
       fprintf(stderr,
               "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W] [--layers L]\n"
-              "          [--dim C] [--heads H] [--context T] [--vocab V]\n",
+              "          [--dim C] [--heads H] [--context T] [--vocab V] [--no-roofline]\n",
               argv[0]);
       return 2;
     }
@@ -82,6 +115,8 @@ int main(int argc, char **argv) {
   dg_set_num_threads((int)threads);
 
   gpt_config cfg = {(int)vocab, (int)layers, (int)heads, (int)dim, (int)context, 0};
+  rl_result rl;
+  int have_rl = roofline && !gpt_roofline(&cfg, batch, (int)threads, &rl);
   gpt_model m;
   dg_ctx *ctx = NULL;
   dg_optim *opt = NULL;
@@ -124,11 +159,13 @@ int main(int argc, char **argv) {
   printf("{\"impl\":\"dgrad\",\"model\":\"gpt\",\"batch\":%ld,\"threads\":%ld,\"steps\":%ld,"
          "\"steps_per_s\":%.3f,\"tokens_per_s\":%.0f,\"cpu_ms_per_step\":%.2f,\"peak_rss_mib\":%.1f,"
          "\"arena_peak_mib\":%.1f,\"heap_allocs_per_step\":%.3g,\"heap_frees_per_step\":%.3g,"
-         "\"loss\":%.5f}\n",
+         "\"loss\":%.5f",
          batch, threads, steps, (double)steps / dt, (double)(steps * (long)n) / dt,
          1e3 * cpu / (double)steps,
          (double)ru.ru_maxrss / 1024.0, (double)dg_ctx_arena_peak(ctx) / (1024.0 * 1024.0),
          (double)(a1 - a0) / (double)steps, (double)(f1 - f0) / (double)steps, (double)loss);
+  roofline_print_json(have_rl ? &rl : NULL, dt / (double)steps);
+  printf("}\n");
   fflush(stdout);
 
   dg_optim_free(opt);

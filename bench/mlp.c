@@ -7,7 +7,7 @@
  * random labels. bench/mlp_torch.py does the same work in PyTorch.
  *
  *   mlp [--batch N] [--threads T] [--steps S] [--warmup W] [--max-seconds X]
- *       [--separate-step]
+ *       [--separate-step] [--no-roofline]
  *
  * --max-seconds stops the timed loop early once X seconds have passed (the
  * line then reports the steps actually run), so that a run on a loaded
@@ -16,7 +16,14 @@
  * Prints one JSON line:
  *   {"impl":"dgrad","batch":..,"threads":..,"steps":..,"steps_per_s":..,
  *    "cpu_ms_per_step":..,"peak_rss_mib":..,"heap_allocs_per_step":..,
- *    "heap_frees_per_step":..,"loss":..}
+ *    "heap_frees_per_step":..,"loss":..,"gemm_gflop_per_step":..,"sgemm_gflops":..,
+ *    "step_gflops":..,"roofline_pct":..}
+ *
+ * The roofline (roofline.h): before the warmup, OpenBLAS sgemm is timed on
+ * this step's GEMMs (3 forward, 3 weight-gradient and 2 input-gradient
+ * products; the input needs no gradient) for --threads threads;
+ * roofline_pct is their time as a share of the step's (null without OpenBLAS
+ * or with --no-roofline).
  *
  * cpu_ms_per_step is the process's CPU time (user + system, all threads) over
  * the timed steps: on a shared machine it moves less than wall time when the
@@ -38,6 +45,7 @@
 
 #include "alloc_count.h"
 #include "bench_util.h"
+#include "roofline.h"
 
 
 /* ---- model ---- */
@@ -108,12 +116,21 @@ static float step(dg_ctx *ctx, mlp *m, float *x, int64_t *y, int64_t B, float lr
 
 /* ---- driver ---- */
 
+/* The step's GEMMs: every layer's forward and weight gradient, the input
+ * gradient of all but the first (x needs none). */
+static int mlp_roofline(long batch, int threads, rl_result *out) {
+  rl_gemm g[3 * NLAYERS];
+  int n = 0;
+  for (int l = 0; l < NLAYERS; l++) rl_linear(g, &n, batch, k_dims[l], k_dims[l + 1], l > 0);
+  return roofline_measure(g, n, threads, 40.0, out);
+}
+
 
 
 
 int main(int argc, char **argv) {
   long batch = 64, threads = 1, steps = 200, warmup = 20, max_s = 0;
-  int separate = 0;
+  int separate = 0, roofline = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i, 0);
     else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i, 0);
@@ -121,10 +138,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i, 0);
     else if (!strcmp(argv[i], "--max-seconds")) max_s = arg_long(argc, argv, &i, 0);
     else if (!strcmp(argv[i], "--separate-step")) separate = 1;
+    else if (!strcmp(argv[i], "--no-roofline")) roofline = 0;
     else {
       fprintf(stderr,
               "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W] [--max-seconds X]"
-              " [--separate-step]\n",
+              " [--separate-step] [--no-roofline]\n",
               argv[0]);
       return 2;
     }
@@ -135,6 +153,8 @@ int main(int argc, char **argv) {
   }
   if (warmup < 2) warmup = 2; /* the arena settles after its first step */
   dg_set_num_threads((int)threads);
+  rl_result rl;
+  int have_rl = roofline && !mlp_roofline(batch, (int)threads, &rl);
 
   mlp m;
   memset(&m, 0, sizeof m);
@@ -182,10 +202,12 @@ int main(int argc, char **argv) {
   getrusage(RUSAGE_SELF, &ru);
   printf("{\"impl\":\"dgrad\",\"step\":\"%s\",\"batch\":%ld,\"threads\":%ld,\"steps\":%ld,"
          "\"steps_per_s\":%.2f,\"cpu_ms_per_step\":%.4f,\"peak_rss_mib\":%.1f,\"heap_allocs_per_step\":%.3g,"
-         "\"heap_frees_per_step\":%.3g,\"loss\":%.5f}\n",
+         "\"heap_frees_per_step\":%.3g,\"loss\":%.5f",
          m.fused ? "fused" : "separate", batch, threads, steps, (double)steps / dt, 1e3 * dc / (double)steps,
          (double)ru.ru_maxrss / 1024.0,
          (double)(a1 - a0) / (double)steps, (double)(f1 - f0) / (double)steps, (double)loss);
+  roofline_print_json(have_rl ? &rl : NULL, dt / (double)steps);
+  printf("}\n");
   fflush(stdout);
 
   dg_ctx_free(ctx);

@@ -27,8 +27,13 @@ void dg__shm_wake(uint32_t *word, uint32_t *sleepers);
  * with *dead = a rank found exited, or DG_ETIMEDOUT. */
 int dg__shm_wait(dg_pg *pg, uint32_t *word, uint32_t *sleepers, int (*ok)(void *),
                  int (*blame)(void *), void *arg, int64_t deadline, int *dead);
+/* A local peer whose process is stopped (SIGSTOP, a debugger: state T or
+ * t in /proc/<pid>/stat), or -1: on a timeout it, not the rank a waiter
+ * happened to wait for, is the one holding everyone up. */
+int dg__shm_stopped_peer(dg_pg *pg);
 /* Fails collective or task c after a dg__shm_wait failure rc while it
- * waited for rank p to `what` (in `where`). */
+ * waited for rank p to `what` (in `where`); a timeout names a stopped local
+ * peer instead of p when there is one. */
 int dg__shm_wait_fail(dg_coll *c, int rc, int p, int dead, const char *what, const char *where);
 /* Sleeps until t_ns (ns, monotonic), no later than deadline (ms). */
 void dg__sleep_until_ns(int64_t t_ns, int64_t deadline);

@@ -95,6 +95,27 @@ static int reached(const uint32_t *word, uint32_t v) {
   return (int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - v) >= 0;
 }
 
+/* The last peer process seen stopped while a wait slept (0: none): a rank
+ * whose own wait fails a moment after another's may find it resumed by
+ * then (dgrun continues a stopped rank to end it). */
+static int g_stopped_pid;
+
+static int stopped_now(dg_pg *pg) {
+  for (int p = 0; pg->pids && p < pg->size; p++) {
+    if (p == pg->rank || pg->pids[p] <= 0) continue;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pg->pids[p]);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *e = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces */
+    if (e && (e[2] == 'T' || e[2] == 't')) return p;
+  }
+  return -1;
+}
+
 int dg__shm_wait(dg_pg *pg, uint32_t *word, uint32_t *sleepers, int (*ok)(void *),
                  int (*blame)(void *), void *arg, int64_t deadline, int *dead) {
   if (ok(arg)) return DG_OK;
@@ -131,6 +152,11 @@ int dg__shm_wait(dg_pg *pg, uint32_t *word, uint32_t *sleepers, int (*ok)(void *
       }
     }
     if (dg__now_ms() >= deadline) return DG_ETIMEDOUT;
+    /* a second into a wait, note a stopped peer (a few /proc reads a slice) */
+    if (dg__now_ns() - t0 > 1000000000LL) {
+      int s = stopped_now(pg);
+      if (s >= 0) __atomic_store_n(&g_stopped_pid, pg->pids[s], __ATOMIC_RELAXED);
+    }
   }
 }
 
@@ -145,7 +171,20 @@ static int word_ok(void *a) {
 }
 static int word_blame(void *a) { return ((word_wait *)a)->p; }
 
+int dg__shm_stopped_peer(dg_pg *pg) {
+  int p = stopped_now(pg), seen = __atomic_load_n(&g_stopped_pid, __ATOMIC_RELAXED);
+  for (int q = 0; p < 0 && seen > 0 && pg->pids && q < pg->size; q++)
+    if (q != pg->rank && pg->pids[q] == seen) p = q;
+  return p;
+}
+
 int dg__shm_wait_fail(dg_coll *c, int rc, int p, int dead, const char *what, const char *where) {
+  int stopped = rc == DG_ETIMEDOUT ? dg__shm_stopped_peer(c->pg) : -1;
+  if (stopped >= 0)
+    return dg__coll_fail_peer(c, DG_ETIMEDOUT, stopped, "timed out after %d ms waiting for "
+                              "rank %d to %s (%s): rank %d (pid %d) is stopped (SIGSTOP or a "
+                              "debugger)", c->pg->timeout_ms, p, what, where, stopped,
+                              c->pg->pids[stopped]);
   if (rc == DG_EPEER && dead >= 0)
     return dg__coll_fail_peer(c, DG_EPEER, dead, "rank %d (pid %d) exited while this rank "
                               "waited for rank %d to %s", dead, c->pg->pids[dead], p, what);

@@ -90,6 +90,7 @@ static void on_ready(void *user, dg_params *ps, int i, int reached) {
     if (d->red->progress) d->red->progress(d); /* a look between buckets */
     return;
   }
+  DG__TRACE_INSTANT("bucket ready", "bucket", k, NULL, 0);
   while (d->next_start < d->nb && d->b[d->next_start].pending <= 0)
     dg__ddp_start_bucket(d, d->next_start++);
 }
@@ -148,9 +149,11 @@ static int on_end(void *user, dg_ctx *ctx) {
   dg__params_block_step(d->ps, NULL);
   d->syncing = 0;
   double t0 = dg__ddp_now();
+  uint64_t tr0 = dg__trace_t0();
   int K = d->opts.accum_steps > 1 ? d->opts.accum_steps : 1;
   d->accum_div = d->micro > 1 ? K : 1;
   int rc = d->opt ? dg__ddp_defer_step(d) : dg__ddp_finish_round(d);
+  DG__TRACE_END(tr0, "ddp sync", NULL, "buckets", d->nb, NULL, 0);
   d->micro = 0;
   d->st.wait_s += dg__ddp_now() - t0;
   d->st.sync_steps++;
@@ -298,6 +301,7 @@ int dg_ddp_join(dg_ddp *d) {
     return dg__ddp_fail(d, DG_ESTATE, "ddp_join: created with no_join");
   if (d->in_step) return dg__ddp_fail(d, DG_ESTATE, "ddp_join: called inside a backward");
   if (d->pending && dg__ddp_land_all(d)) return d->err;
+  uint64_t tr0 = dg__trace_t0();
   while (!d->err) {
     begin_round(d, 0);
     if (d->piggy) { /* the count comes with the (zero) buckets */
@@ -318,6 +322,7 @@ int dg_ddp_join(dg_ddp *d) {
     d->st.shadow_steps++;
   }
   dg__ddp_end_round(d);
+  DG__TRACE_END(tr0, "ddp join", NULL, "shadow_steps", (int64_t)d->st.shadow_steps, NULL, 0);
   d->micro = 0;
   if (d->err) return d->err;
   return final_sync(d);

@@ -133,6 +133,7 @@ void dg__ddp_start_bucket(dg_ddp *d, int k) {
   b->work = NULL;
   d->st.bytes_reduced += (double)(b->hi - b->lo) * sizeof(float);
   b->started = 1;
+  b->trace_t0 = dg__trace_t0();
   d->red->start(d, k);
 }
 
@@ -144,9 +145,25 @@ float dg__ddp_round_scale(const dg_ddp *d) {
   return d->active > 0 ? 1.0f / ((float)d->active * (float)d->accum_div) : 0.0f;
 }
 
+/* Closes the traced all-reduce span of every bucket this rank now sees
+ * finished (a finish may finish earlier buckets with it). */
+static void trace_finished(dg_ddp *d) {
+  for (int j = 0; j < d->nb; j++) {
+    dg__ddp_bucket *b = &d->b[j];
+    if (!b->trace_t0 || !b->finished) continue;
+    DG__TRACE_ASYNC(b->trace_t0, "allreduce", j, "bucket", j,
+                    "bytes", (int64_t)((b->hi - b->lo) * sizeof(float)));
+    b->trace_t0 = 0;
+  }
+}
+
 int dg__ddp_finish_bucket(dg_ddp *d, int k) {
   if (d->err || d->b[k].finished) return d->err;
-  return d->red->finish(d, k);
+  uint64_t tr0 = dg__trace_t0();
+  int rc = d->red->finish(d, k);
+  DG__TRACE_END(tr0, "bucket wait", NULL, "bucket", k, NULL, 0);
+  if (tr0) trace_finished(d);
+  return rc;
 }
 
 void dg__ddp_end_round(dg_ddp *d) {
@@ -155,6 +172,7 @@ void dg__ddp_end_round(dg_ddp *d) {
   for (int k = 0; k < d->nb; k++) {
     d->b[k].started = 0;
     d->b[k].work = NULL;
+    d->b[k].trace_t0 = 0;
   }
 }
 

@@ -6,6 +6,7 @@
 #include "dgrad/ddp.h"
 #include "dist/ddp_reducer.h"
 #include "base/common_impl.h"
+#include "base/trace_impl.h"
 
 #define DG_DDP_ERRMSG 512
 
@@ -17,6 +18,7 @@ typedef struct {
   int finished;       /* its average is final in the store's gradients */
   int applied;        /* overlap mode: its parameters were updated */
   void *work;         /* the comm hook's pending state (collectives reducer) */
+  uint64_t trace_t0;  /* start of its traced all-reduce (0: none open) */
 } dg__ddp_bucket;
 
 struct dg_ddp {

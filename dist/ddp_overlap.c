@@ -19,7 +19,9 @@
 /* Updates bucket k's parameters (their average is final); clears their pending marks. */
 static void apply(dg_ddp *d, int k) {
   dg__ddp_bucket *b = &d->b[k];
+  uint64_t tr0 = dg__trace_t0();
   dg__optim_step_span(d->opt, b->lo, b->hi, d->pend_lr);
+  DG__TRACE_END(tr0, "optimizer step", dg_optim_name(d->opt), "bucket", k, NULL, 0);
   b->applied = 1;
   for (int i = 0; i < d->nparams; i++)
     if (d->pbucket[i] == k) dg__param_set_pending(d->ps, i, 0);

@@ -231,10 +231,14 @@ static int bell_moved(void *a) {
   return __atomic_load_n(&w->s->hdr->bell, __ATOMIC_SEQ_CST) != w->bell;
 }
 
-/* The first rank holding up `want` (or this rank's engine). */
+/* The first rank holding up `want` (or this rank's engine). For a bucket, a
+ * rank that has not posted its gradients comes first: the ranks that have
+ * not averaged their blocks are waiting for it. */
 static int laggard(void *a) {
   grad_wait *w = a;
   seg *s = w->s;
+  for (int p = 0; w->want >= 0 && p < s->W; p++)
+    if (p != s->rank && !is_gen(&ready_of(s, p)[w->want], s->gen)) return p;
   for (int k = 0; k < s->nb; k++) {
     if (w->want >= 0 ? k != w->want : is_gen(&done_of(s, s->rank)[k], s->gen)) continue;
     for (int p = 0; p < s->W; p++)
@@ -280,14 +284,20 @@ static void link_hold(seg *s, int k, int64_t deadline) {
 
 /* Why waiting for bucket k failed with rc (into err). */
 static void wait_error(seg *s, grad_wait *w, int rc, int dead, char *err, size_t cap) {
-  int k = w->want, p = laggard(w);
+  int k = w->want, p = laggard(w), stopped;
   if (p < 0) p = s->rank; /* every peer is done: this rank's own block is missing */
+  const char *what = p != s->rank && !is_gen(&ready_of(s, p)[k], s->gen)
+                         ? "to post its gradients of bucket"
+                         : "to average its block of gradient bucket";
   if (rc == DG_EPEER && dead >= 0)
-    snprintf(err, cap, "rank %d exited while rank %d waited for rank %d to average its block "
-             "of gradient bucket %d", dead, s->rank, p, k);
+    snprintf(err, cap, "rank %d exited while rank %d waited for rank %d %s %d", dead, s->rank, p,
+             what, k);
+  else if (rc == DG_ETIMEDOUT && (stopped = dg__shm_stopped_peer(s->pg)) >= 0)
+    snprintf(err, cap, "timed out after %d ms waiting for rank %d %s %d: rank %d is stopped "
+             "(SIGSTOP or a debugger)", dg__pg_timeout_ms(s->pg), p, what, k, stopped);
   else if (rc == DG_ETIMEDOUT)
-    snprintf(err, cap, "timed out after %d ms waiting for rank %d to average its block of "
-             "gradient bucket %d", dg__pg_timeout_ms(s->pg), p, k);
+    snprintf(err, cap, "timed out after %d ms waiting for rank %d %s %d",
+             dg__pg_timeout_ms(s->pg), p, what, k);
   else if (dg__pg_error(s->pg, err, cap) == DG_OK)
     snprintf(err, cap, "transport failed while waiting for rank %d", p);
 }

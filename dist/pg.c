@@ -15,6 +15,7 @@
 
 #include "dgrad_config.h"
 #include "dist/coll_impl.h"
+#include "dist/flight.h"
 #include "dist/pg_group.h"
 #include "dist/net/net_impl.h"
 #include "dist/store/store_impl.h"
@@ -270,12 +271,16 @@ static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_sto
   int rc;
   dg_xport_opts xo = {.rank = pg->rank, .size = pg->size, .store = pg->k_dev,
                       .timeout_ms = pg->timeout_ms, .bind_addr = bind,
-                      .check = check_peer, .check_arg = cc, .spin_us = o->spin_us};
+                      .check = check_peer, .check_arg = cc, .spin_us = o->spin_us,
+                      .auth_token = o->auth_token};
   const char *be = o->backend;
   int ucx = be && !strcmp(be, "ucx");
   if (be && *be && strcmp(be, "tcp") != 0 && !(ucx && DG_HAVE_UCX))
     return dg__fail_msg(err, cap, DG_EUNSUPPORTED, "backend \"%s\" is not available (have: tcp%s)", be,
                 DG_HAVE_UCX ? ", ucx" : "");
+  if (ucx && o->auth_token && *o->auth_token)
+    return dg__fail_msg(err, cap, DG_EUNSUPPORTED, "rank %d: an auth token (DG_AUTH_TOKEN) is "
+                        "implemented by the tcp backend only, not ucx", pg->rank);
 #if DG_HAVE_UCX
   if (ucx) rc = dg__ucx_xport_new(&pg->x, &xo, err, cap);
   else
@@ -307,6 +312,12 @@ static void pg_destroy(dg_pg *pg, int drain_ms, int quiet_ms) {
   dg__free(pg->scratch);
   dg__free(pg->tmp);
   dg__pg_free_works(pg);
+  /* a client's stores (environment groups, not the host) may go with a
+   * flight comparison still waiting on them: teardown does not wait */
+  dg_store *chain[4] = {pg->s_dev, pg->s_grp, pg->s_pg, pg->own_store};
+  if (!pg->own_store || pg->rank == 0) dg__flight_free(pg->flight);
+  else if (dg__flight_free_handing(pg->flight, chain, 4))
+    pg->s_dev = pg->s_grp = pg->s_pg = pg->own_store = NULL;
   dg__free(pg->pids);
   dg__shm_free(pg->shm);
   dg_store_free(pg->s_dev);
@@ -375,6 +386,12 @@ static dg_pg *pg_alloc(const dg_pg_opts *o, dg_store *own) {
   pg->no_shm = o->no_shm;
   pg->spin_us = o->spin_us;
   if (o->link) pg->link = *o->link;
+  if (!(pg->flight = dg__flight_new(o->world_size, o->flight_records, o->check_colls,
+                                    o->flight_dir))) {
+    pg->own_store = NULL; /* new_pg frees it */
+    pg_destroy(pg, 0, 0);
+    return NULL;
+  }
   return pg;
 }
 
@@ -508,7 +525,7 @@ static int read_env(env_cfg *c, char *err, size_t cap) {
 static int env_store(dg_store **st, const env_cfg *c, int timeout_ms, char *err, size_t cap) {
   dg_tcp_store_opts so = {.host = c->addr, .port = c->port, .is_server = c->rank == 0,
                           .world_size = c->world, .wait_workers = c->rank != 0,
-                          .timeout_ms = timeout_ms};
+                          .timeout_ms = timeout_ms, .auth_token = getenv("DG_AUTH_TOKEN")};
   char serr[384];
   int rc = dg_store_new_tcp(st, &so, serr, sizeof serr);
   if (rc == DG_ETIMEDOUT && c->rank != 0)
@@ -553,6 +570,8 @@ int dg_pg_opts_from_env(dg_pg_opts *o) {
   if (!o->iface && (v = getenv("GLOO_SOCKET_IFNAME")) && *v) o->iface = v;
   if (!o->no_shm && (v = getenv("DG_SHM")) && !strcmp(v, "0")) o->no_shm = 1;
   if (!o->spin_us && (v = getenv("DG_SPIN_US")) && *v) o->spin_us = atoi(v) > 0 ? atoi(v) : -1;
+  if (!o->auth_token && (v = getenv("DG_AUTH_TOKEN")) && *v) o->auth_token = v;
+  if (!o->flight_dir && (v = getenv("DG_FLIGHT_DIR")) && *v) o->flight_dir = v;
   return DG_OK;
 }
 

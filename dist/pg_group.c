@@ -20,6 +20,7 @@
 
 #include "dgrad_config.h"
 #include "dist/coll_impl.h"
+#include "dist/flight.h"
 #include "dist/pg_group.h"
 #include "dist/net/net_impl.h"
 #include "base/common_impl.h"
@@ -47,6 +48,7 @@ static void sub_destroy(dg_pg *pg) {
   dg__free(pg->scratch);
   dg__free(pg->tmp);
   dg__pg_free_works(pg);
+  dg__flight_free(pg->flight);
   dg__free(pg->pids);
   dg__free(pg->members);
   dg__free(pg->xrank);
@@ -253,7 +255,8 @@ static dg_pg *sub_alloc(mk_ctx *m) {
   snprintf(pg->name, sizeof pg->name, "%.47s", m->name);
   pg->members = dg__calloc((size_t)m->n, sizeof(int));
   pg->pids = dg__calloc((size_t)m->n, sizeof(int));
-  if (!pg->members || !pg->pids) {
+  pg->flight = dg__flight_sub(P->flight, m->n);
+  if (!pg->members || !pg->pids || !pg->flight) {
     sub_destroy(pg);
     return NULL;
   }

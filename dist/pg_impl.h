@@ -55,6 +55,7 @@ struct dg_pg {
   char name[48];   /* store prefix of a sub-group ("1", "2", "1.1") */
   struct sockaddr_storage bind; /* where this rank listens (new connections) */
   int spin_us;     /* opts.spin_us */
+  struct dg__flight *flight; /* flight recorder, fingerprints (flight.c) */
 };
 
 /* A sub-group sharing an ancestor's transport tells its messages apart by

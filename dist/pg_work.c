@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "dist/pg_work.h"
+#include "dist/flight.h"
 #include "dist/net/net_impl.h"
 #include "base/common_impl.h"
 
@@ -53,6 +54,7 @@ static int work_fail(dg_work *w, dg_xport *x, int code, int peer, const char *de
              detail);
     name_both(pg, peer, tm, sizeof tm);
     x->vt->abort(x, code, dg__pg_xpeer(pg, peer), tm);
+    dg__flight_failed(pg, w, code, code == DG_EPEER ? peer : -1, tm, sizeof tm);
     set_err(w, "%s", tm);
   } else {
     int xr = -1; /* transport messages name the rank they blame first */
@@ -60,6 +62,8 @@ static int work_fail(dg_work *w, dg_xport *x, int code, int peer, const char *de
       name_both(pg, group_rank(pg, xr), tm, sizeof tm);
     set_err(w, "%s #%llu failed: %s", dg__work_name(w), (unsigned long long)w->seq, tm);
     code = x->vt->error(x, NULL, 0);
+    int dead = code == DG_EPEER && sscanf(tm, "rank %d", &xr) == 1 ? group_rank(pg, xr) : -1;
+    dg__flight_failed(pg, w, code, dead, w->err, sizeof w->err);
   }
   return code;
 }
@@ -116,7 +120,8 @@ int dg__coll_recv(dg_coll *c, dg_xop *op, int peer, void *buf, size_t n) {
 int dg__coll_wait(dg_coll *c, dg_xop *op) {
   int rc = c->x->vt->wait(c->x, op, c->deadline);
   if (rc == DG_OK) return DG_OK;
-  if (rc == DG_ETIMEDOUT && op->status == DG_XOP_PENDING) {
+  /* the progress thread completes ops with an atomic store */
+  if (rc == DG_ETIMEDOUT && __atomic_load_n(&op->status, __ATOMIC_ACQUIRE) == DG_XOP_PENDING) {
     char d[256];
     int peer = group_rank(c->pg, op->peer);
     snprintf(d, sizeof d, "timed out after %d ms waiting for rank %d (%s of %zu bytes, slot "
@@ -135,6 +140,7 @@ static int run_work(dg_pg *pg, dg_work *w) {
                .deadline = w->deadline};
   int e = pg->x->vt->error(pg->x, NULL, 0);
   if (e != DG_OK) return work_fail(w, pg->x, e, -1, "");
+  if ((e = dg__flight_check(&c)) != DG_OK) return e; /* fingerprints: first collectives */
   return w->run(&c, w->arg);
 }
 
@@ -147,8 +153,10 @@ static void run_locked(dg_pg *pg) {
   pg->busy = 1;
   pthread_mutex_unlock(&pg->mu);
   w->deadline = dg__deadline(0, pg->timeout_ms);
+  dg__flight_start(pg, w);
   int rc = run_work(pg, w);
   pthread_mutex_lock(&pg->mu);
+  dg__flight_end(pg, w, rc);
   pg->busy = 0;
   if (rc != DG_OK && !pg->err[0]) snprintf(pg->err, sizeof pg->err, "%s", w->err);
   __atomic_store_n(&w->status, rc, __ATOMIC_RELEASE);
@@ -216,6 +224,7 @@ int dg__work_post(dg_pg *pg, dg_work *w, dg__task_fn run, dg_work **out) {
   pthread_mutex_lock(&pg->mu);
   w->tag = pg->tag++;
   w->seq = pg->seq++;
+  dg__flight_post(pg, w);
   if (pg->qtail) pg->qtail->next = w;
   else pg->qhead = w;
   pg->qtail = w;
@@ -251,6 +260,7 @@ static int p2p(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int peer, uint32
   k->deadline = dg__deadline(0, pg->timeout_ms);
   k->xop = (dg_xop){.peer = dg__pg_xpeer(pg, peer), .slot = dg__pg_xslot_p2p(pg, tag),
                     .buf = buf, .n = count * dg_dtype_size(dt)};
+  dg__flight_post(pg, k);
   dg_xport *x = pg->x;
   int rc = kind == DG_W_SEND ? x->vt->send(x, &k->xop) : x->vt->recv(x, &k->xop);
   if (rc != DG_OK) {
@@ -260,6 +270,7 @@ static int p2p(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int peer, uint32
             (unsigned long long)k->seq, peer, tag,
             x->vt->error(x, NULL, 0) ? tm : "the peer has left the group");
     k->status = rc;
+    dg__flight_end(pg, k, rc);
   }
   *w = k;
   return DG_OK;
@@ -286,12 +297,14 @@ static int p2p_wait(dg_work *w, int64_t until) {
     snprintf(d, sizeof d, "timed out after %d ms waiting for rank %d (tag %u)",
              w->pg->timeout_ms, w->peer, w->tag);
     w->status = work_fail(w, x, DG_ETIMEDOUT, w->peer, d);
+    dg__flight_end(w->pg, w, w->status);
     return w->status;
   }
   if (rc != DG_OK) {
     work_fail(w, x, rc, w->peer, "transport failed");
   }
   w->status = rc;
+  dg__flight_end(w->pg, w, rc);
   return rc;
 }
 

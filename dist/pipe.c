@@ -20,6 +20,7 @@
 #include "dist/net/net_impl.h"
 #include "dist/pipe_plan.h"
 #include "dist/pipe_profile.h"
+#include "base/trace_impl.h"
 
 enum { TAG_ACT = 0x70690001u, TAG_GRAD = 0x70690002u };
 #define HDR (3 + DG_MAX_DIMS) /* ndim, dtype, shape, step */
@@ -97,6 +98,14 @@ int dg_pipe_layer_cost(const dg_pipe *p, double *cost, int cap, int *n) {
   if (n) *n = p->nlayers;
   if (!p->cost) return DG_ENOTFOUND;
   for (int i = 0; i < p->nlayers && i < cap; i++) cost[i] = p->cost[i];
+  return DG_OK;
+}
+
+int dg_pipe_boundary_cost(const dg_pipe *p, double *cut, int cap, int *n) {
+  if (!p || (!cut && cap)) return DG_EINVAL;
+  if (n) *n = p->nlayers > 0 ? p->nlayers - 1 : 0;
+  if (!p->cost) return DG_ENOTFOUND;
+  for (int i = 0; i + 1 < p->nlayers && i < cap; i++) cut[i] = p->cost[p->nlayers + i];
   return DG_OK;
 }
 
@@ -185,11 +194,11 @@ static int choose_bounds(dg_pipe *p, dg_module *seq, const dg_pipe_opts *o, int 
     return dg__fail_msg(err, cap, DG_EINVAL, "pipe_new: %d layers cannot fill %d stages",
                         p->nlayers, p->K);
   if (o->profile_input) {
-    p->cost = dg__malloc((size_t)p->nlayers * sizeof *p->cost);
+    p->cost = dg__malloc(2 * (size_t)p->nlayers * sizeof *p->cost); /* cost, then cut */
     if (!p->cost) return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
     dg__pipe_profile_args a = {seq, p->pg, o->profile_input, p->seed, p->M, p->kind,
                                o->mem_cap, o->optim_factor};
-    return dg__pipe_profile(&a, p->cost, bounds, err, cap);
+    return dg__pipe_profile(&a, p->cost, p->cost + p->nlayers, bounds, err, cap);
   }
   for (int s = 0; s <= p->K; s++) bounds[s] = (int)((int64_t)s * p->nlayers / p->K);
   return DG_OK;
@@ -587,6 +596,16 @@ static int run_action(dg_pipe *p, const step_args *a, const dg__pipe_action *act
   return FAIL(p, DG_EINVAL, "pipe: bad action %d", act->op);
 }
 
+/* The timeline event of an action that began at tr0: its micro-batch and
+ * the stage it talks to (this stage for a forward or backward). */
+static void trace_action(const dg_pipe *p, const dg__pipe_action *act, uint64_t tr0) {
+  static const char *const name[] = {"pipe forward", "pipe backward", "pipe send act",
+                                     "pipe recv act", "pipe send grad", "pipe recv grad"};
+  static const int dir[] = {0, 0, 1, -1, -1, 1};
+  if (act->op < 6)
+    DG__TRACE_END(tr0, name[act->op], NULL, "micro_batch", act->mb, "peer", p->s + dir[act->op]);
+}
+
 /* ---- a step ---- */
 
 /* Ends a step: every send finished, every context back in the pool. */
@@ -647,7 +666,9 @@ static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn los
     }
   } else {
     for (int i = p->tab.off[p->s]; !rc && i < p->tab.off[p->s + 1]; i++) {
+      uint64_t tr0 = dg__trace_t0();
       rc = run_action(p, &a, &p->tab.act[i]);
+      if (tr0) trace_action(p, &p->tab.act[i], tr0);
       track_memory(p);
     }
   }

@@ -28,14 +28,17 @@ int dg__pipe_balance_check(const int *balance, int k, int n, char *err, size_t c
   return DG_OK;
 }
 
-static int partition_args(const double *cost, const double *mem, int n, int k, double mem_cap,
-                          char *err, size_t cap) {
+static int partition_args(const double *cost, const double *cut, const double *mem, int n,
+                          int k, double mem_cap, char *err, size_t cap) {
   if (!cost || k < 1 || k > DG__PIPE_MAX_STAGES || k > n)
     return dg__fail_msg(err, cap, DG_EINVAL, "pipe partition: %d layers into %d stages (want "
                         "1 <= stages <= min(layers, %d))", n, k, DG__PIPE_MAX_STAGES);
   for (int i = 0; i < n; i++) {
     if (!(cost[i] >= 0) || isinf(cost[i]))
       return dg__fail_msg(err, cap, DG_EINVAL, "pipe partition: layer %d costs %g", i, cost[i]);
+    if (cut && i < n - 1 && (!(cut[i] >= 0) || isinf(cut[i])))
+      return dg__fail_msg(err, cap, DG_EINVAL, "pipe partition: the cut after layer %d costs "
+                          "%g", i, cut[i]);
     if (mem && mem_cap > 0 && !(mem[i] <= mem_cap))
       return dg__fail_msg(err, cap, DG_EINVAL, "pipe partition: layer %d alone needs %g bytes, "
                           "over the per-stage cap of %g", i, mem[i], mem_cap);
@@ -47,7 +50,13 @@ static int partition_args(const double *cost, const double *mem, int n, int k, d
  * j stages; from[..]: where its last stage starts. */
 int dg__pipe_partition(const double *cost, const double *mem, int n, int k, double mem_cap,
                        int *first, double *max_cost, char *err, size_t cap) {
-  int rc = partition_args(cost, mem, n, k, mem_cap, err, cap);
+  return dg__pipe_partition_cut(cost, NULL, mem, n, k, mem_cap, first, max_cost, err, cap);
+}
+
+int dg__pipe_partition_cut(const double *cost, const double *cut, const double *mem, int n,
+                           int k, double mem_cap, int *first, double *max_cost, char *err,
+                           size_t cap) {
+  int rc = partition_args(cost, cut, mem, n, k, mem_cap, err, cap);
   if (rc) return rc;
   const int capped = mem && mem_cap > 0;
   const size_t w = (size_t)n + 1;
@@ -67,7 +76,8 @@ int dg__pipe_partition(const double *cost, const double *mem, int n, int k, doub
       for (int p = j - 1; p < i; p++) {    /* last stage is [p, i) */
         const double prev = best[(size_t)(j - 1) * w + p];
         if (prev == INFINITY || (capped && pm[i] - pm[p] > mem_cap)) continue;
-        const double c = fmax(prev, pc[i] - pc[p]);
+        const double edges = cut ? (p > 0 ? cut[p - 1] : 0) + (i < n ? cut[i - 1] : 0) : 0;
+        const double c = fmax(prev, pc[i] - pc[p] + edges);
         if (c < best[(size_t)j * w + i]) best[(size_t)j * w + i] = c, from[(size_t)j * w + i] = p;
       }
   const double top = best[(size_t)k * w + n];

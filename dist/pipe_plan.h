@@ -23,6 +23,14 @@
  * DG_ENOMEM. */
 int dg__pipe_partition(const double *cost, const double *mem, int n, int k, double mem_cap,
                        int *first, double *max_cost, char *err, size_t cap);
+/* The same with the cost of each cut: cut[i] (n - 1 entries, >= 0; NULL:
+ * none) is what a boundary after layer i adds to both stages it joins (the
+ * sender's and the receiver's share of moving the activation forward and
+ * its gradient back), so stage [p, e) costs sum(cost[p..e)) + cut[p - 1]
+ * (p > 0) + cut[e - 1] (e < n). Still exact. */
+int dg__pipe_partition_cut(const double *cost, const double *cut, const double *mem, int n,
+                           int k, double mem_cap, int *first, double *max_cost, char *err,
+                           size_t cap);
 
 /* Checks an explicit balance (layers per stage): k entries, each >= 1,
  * summing to n. DG_OK, or DG_EINVAL with err naming the problem. */

@@ -12,6 +12,7 @@
 #include "dist/pipe_profile.h"
 
 enum { REPS = 3 }; /* timed runs per layer after one warm-up; the best counts */
+#define TAG_PING 0x70690003u /* the link's ping-pong, before the pipe runs */
 
 static double now_s(void) { return 1e-9 * (double)dg__now_ns(); }
 
@@ -64,7 +65,7 @@ static int time_layer(dg_module *l, dg_ctx *c, const dg_tensor *x, double *secs,
  * the inputs come from a tapeless forward of the chain. ns and mem stay
  * zero for the other layers. */
 static int measure(const dg__pipe_profile_args *a, dg_params *tps, int n, int64_t *ns,
-                   int64_t *mem, char *err, size_t cap) {
+                   int64_t *mem, double *bytes, char *err, size_t cap) {
   const int K = dg_pg_size(a->pg), rank = dg_pg_rank(a->pg);
   const double inflight = a->kind == 1 ? (a->M < K ? a->M : K) : a->M;
   int rc = DG_OK;
@@ -101,21 +102,86 @@ static int measure(const dg__pipe_profile_args *a, dg_params *tps, int n, int64_
       rc = dg__fail_msg(err, cap, dg_ctx_errcode(chain), "pipe_new: balance by time: layer %d "
                         "(%s) on the profile input: %s", i, dg_module_type(l),
                         dg_ctx_errmsg(chain));
+    else /* what crosses a boundary after layer i; negative: no gradient comes back */
+      bytes[i] = (double)dg_tensor_numel(x) * (double)dg_dtype_size(dg_tensor_dtype(x)) *
+                 (dg_tensor_dtype(x) == DG_F32 ? 1 : -1);
   }
   dg_ctx_free(c);
   dg_ctx_free(chain);
   return rc;
 }
 
-int dg__pipe_profile(const dg__pipe_profile_args *a, double *cost, int *bounds, char *err,
-                     size_t cap) {
+/* One round trip of b bytes (a multiple of 4) with peer; the lower rank
+ * sends first. */
+static int ping(dg_pg *pg, int peer, unsigned char *buf, size_t b) {
+  const int first = dg_pg_rank(pg) < peer;
+  int rc = DG_OK;
+  for (int k = 0; k < 2 && !rc; k++) {
+    dg_work *w = NULL;
+    rc = (k == 0) == first ? dg_pg_send(pg, buf, b / 4, DG_F32, peer, TAG_PING, &w)
+                           : dg_pg_recv(pg, buf, b / 4, DG_F32, peer, TAG_PING, &w);
+    if (!rc) rc = dg_work_wait(w, 0);
+    dg_work_free(w);
+  }
+  return rc;
+}
+
+/* One-way seconds of b bytes between neighbouring ranks: pairs (0, 1),
+ * (2, 3), ... then (1, 2), (3, 4), ...; best of REPS after a warm-up on
+ * each; this rank's worst into *secs (0 when it has no neighbour). */
+static int link_time(dg_pg *pg, unsigned char *buf, size_t b, double *secs) {
+  const int K = dg_pg_size(pg), r = dg_pg_rank(pg);
+  *secs = 0;
+  for (int phase = 0; phase < 2; phase++) {
+    if (r < phase) continue;
+    const int peer = (r - phase) % 2 == 0 ? r + 1 : r - 1;
+    if (peer >= K || peer < phase) continue;
+    double best = INFINITY;
+    for (int rep = 0; rep <= REPS; rep++) {
+      const double t0 = now_s();
+      int rc = ping(pg, peer, buf, b);
+      if (rc) return rc;
+      if (rep > 0) best = fmin(best, (now_s() - t0) / 2);
+    }
+    *secs = fmax(*secs, best);
+  }
+  return DG_OK;
+}
+
+/* cut[i] from the boundary sizes: latency + bytes / bandwidth of the
+ * slowest measured link, once per direction a boundary is crossed. Every
+ * rank gets the same values (the times are agreed on by MAX). */
+static int cut_costs(dg_pg *pg, const double *bytes, int n, double *cut, char *err, size_t cap) {
+  double big = 64;
+  for (int i = 0; i + 1 < n; i++) big = fmax(big, fabs(bytes[i]));
+  big = floor(fmin(big, 4.0 * 1024 * 1024) / 4) * 4; /* whole floats */
+  unsigned char *buf = dg__calloc((size_t)big, 1);
+  if (!buf) return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: balance by time: out of memory");
+  double t[2] = {0, 0};
+  int rc = link_time(pg, buf, 64, &t[0]);
+  if (!rc && big > 64) rc = link_time(pg, buf, (size_t)big, &t[1]);
+  dg__free(buf);
+  int64_t ns[2] = {(int64_t)(t[0] * 1e9), (int64_t)(t[1] * 1e9)};
+  if (!rc) rc = dg_pg_allreduce_sync(pg, ns, 2, DG_I64, DG_RED_MAX);
+  if (rc)
+    return dg__fail_msg(err, cap, rc, "pipe_new: balance by time: timing the link between "
+                        "stages: %s", dg_pg_errmsg(pg));
+  const double lat = 1e-9 * (double)ns[0];
+  const double per_byte = big > 64 ? fmax(0, (1e-9 * (double)ns[1] - lat) / (big - 64)) : 0;
+  for (int i = 0; i + 1 < n; i++)
+    cut[i] = (bytes[i] > 0 ? 2 : 1) * (lat + fabs(bytes[i]) * per_byte);
+  return DG_OK;
+}
+
+int dg__pipe_profile(const dg__pipe_profile_args *a, double *cost, double *cut, int *bounds,
+                     char *err, size_t cap) {
   const int n = dg_sequential_len(a->seq), K = dg_pg_size(a->pg);
   int64_t *v = dg__calloc(2 * (size_t)n, sizeof *v);
-  double *mem = dg__malloc((size_t)n * sizeof *mem);
+  double *mem = dg__calloc(2 * (size_t)n, sizeof *mem), *bytes = mem + n;
   dg_params *tps = NULL;
   int rc = !v || !mem || dg_params_new(&tps) ? DG_ENOMEM : DG_OK;
   if (rc) dg__fail_msg(err, cap, rc, "pipe_new: balance by time: out of memory");
-  if (!rc) rc = measure(a, tps, n, v, v + n, err, cap);
+  if (!rc) rc = measure(a, tps, n, v, v + n, bytes, err, cap);
   /* a failed rank still joins the sum, so that no rank waits for it */
   int64_t failed = rc != DG_OK;
   int e = dg_pg_allreduce_sync(a->pg, &failed, 1, DG_I64, DG_RED_SUM);
@@ -127,10 +193,11 @@ int dg__pipe_profile(const dg__pipe_profile_args *a, double *cost, int *bounds, 
     rc = dg__fail_msg(err, cap, DG_EPEER, "pipe_new: balance by time: %lld rank(s) failed to "
                       "time their layers", (long long)failed);
   for (int i = 0; !rc && i < n; i++) cost[i] = 1e-9 * (double)v[i], mem[i] = (double)v[n + i];
+  if (!rc) rc = cut_costs(a->pg, bytes, n, cut, err, cap);
   double worst = 0;
   if (!rc)
-    rc = dg__pipe_partition(cost, a->mem_cap > 0 ? mem : NULL, n, K, a->mem_cap, bounds, &worst,
-                            err, cap);
+    rc = dg__pipe_partition_cut(cost, cut, a->mem_cap > 0 ? mem : NULL, n, K, a->mem_cap,
+                                bounds, &worst, err, cap);
   dg_params_free(tps); /* seq's layers are bound again by the caller */
   dg__free(v), dg__free(mem);
   return rc;

@@ -17,11 +17,15 @@ typedef struct {
 } dg__pipe_profile_args;
 
 /* Collective over a->pg: layer i is timed (forward and backward, best of a
- * few runs) on rank i % K, the costs summed over the group into cost[n],
- * and bounds[K + 1] receives the min-max partition. seq is bound to a
- * scratch store while it runs (the caller binds it again). DG_OK, or a
- * code with err naming the layer or the collective that failed. */
-int dg__pipe_profile(const dg__pipe_profile_args *a, double *cost, int *bounds, char *err,
-                     size_t cap);
+ * few runs) on rank i % K, the costs summed over the group into cost[n];
+ * the link between neighbouring ranks is timed (a ping-pong of a small and
+ * a large message) and cut[i] (n - 1 entries) receives what a boundary
+ * after layer i costs each of its two stages (its activation forward and,
+ * for floats, its gradient back); bounds[K + 1] receives the min-max
+ * partition of both. seq is bound to a scratch store while it runs (the
+ * caller binds it again). DG_OK, or a code with err naming the layer or
+ * the collective that failed. */
+int dg__pipe_profile(const dg__pipe_profile_args *a, double *cost, double *cut, int *bounds,
+                     char *err, size_t cap);
 
 #endif /* DG_PIPE_PROFILE_H */

@@ -4,6 +4,7 @@
 #define DGRAD_H
 
 #include "dgrad/common.h"
+#include "dgrad/trace.h"
 #include "dgrad/tensor.h"
 #include "dgrad/autograd.h"
 #include "dgrad/swap.h"

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "nn/nn_impl.h"
+#include "base/trace_impl.h"
 
 const char *dg__join(char *buf, size_t cap, const char *prefix, const char *name) {
   int n = (prefix && *prefix) ? snprintf(buf, cap, "%s.%s", prefix, name)
@@ -96,7 +97,9 @@ dg_tensor *dg_module_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   }
   int had = ctx->err;
   if (!had && t_named == ctx) t_named = NULL;
+  uint64_t tr0 = dg__trace_t0();
   dg_tensor *y = m->vt->forward(m, ctx, x);
+  DG__TRACE_END(tr0, "forward", m->path, NULL, 0, NULL, 0);
   if (y || had || t_named == ctx) return y;
   if (!ctx->err) /* a user forward that failed without saying why */
     dg__set_error(ctx, x ? DG_ESTATE : DG_EINVAL, "%s",

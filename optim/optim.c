@@ -9,6 +9,7 @@
 #include "optim/optim_impl.h"
 #include "backends/kern_optim.h"
 #include "core/core_impl.h"
+#include "base/trace_impl.h"
 
 const char *dg_optim_errmsg(const dg_optim *o) { return o ? o->errmsg : "no optimizer"; }
 
@@ -139,7 +140,9 @@ int dg_optim_step(dg_optim *o) {
                           o->name);
   const float *g = dg_params_grad(o->ps, NULL);
   o->step++;
+  uint64_t tr0 = dg__trace_t0();
   if (n) apply_span(o, w, g, 0, n, o->lr);
+  DG__TRACE_END(tr0, "optimizer step", o->name, "step", o->step, "params", (int64_t)n);
   return DG_OK;
 }
 

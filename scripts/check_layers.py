@@ -14,7 +14,7 @@ import sys
 
 # Lowest first. A path belongs to the first layer with a matching prefix.
 LAYERS = [
-    ("base", ["base/", "include/dgrad/common.h"]),
+    ("base", ["base/", "include/dgrad/common.h", "include/dgrad/trace.h"]),
     ("backends", ["backends/"]),
     ("core", ["core/", "include/dgrad/tensor.h"]),
     ("autograd", ["autograd/", "include/dgrad/autograd.h", "include/dgrad/swap.h"]),
@@ -29,7 +29,7 @@ LAYERS = [
     # the process group in three: its runtime (works, queue, worker; the
     # group object and the header layers above see), the algorithms on it,
     # then the collectives API and creation ("dist/pg" after the others)
-    ("dist.work", ["dist/pg_work", "dist/pg_impl.h", "dist/pg_ext.h", "include/dgrad/dist.h"]),
+    ("dist.work", ["dist/pg_work", "dist/flight", "dist/pg_impl.h", "dist/pg_ext.h", "include/dgrad/dist.h"]),
     ("dist.coll", ["dist/coll_"]),
     ("dist.pg", ["dist/pg"]),
     ("dist.ddp", ["dist/ddp", "include/dgrad/ddp.h"]),

@@ -8,13 +8,15 @@
 #                      iproute2/procps, doxygen, Slurm and munge (a one-node
 #                      cluster on loopback: tests/deploy/slurm.sh), python3-yaml and
 #                      util-linux (the Kubernetes manifests' pods: tests/deploy/k8s_env.py)
+#                      clang and libclang-rt-14-dev (libFuzzer: scripts/fuzz.sh)
 #                      (scripts/test.sh)
 set -euo pipefail
 pkgs=(gcc pkg-config meson ninja-build libopenblas-dev zlib1g-dev dataset-fashion-mnist)
 case "${1:-}" in
   "") ;;
   --tests) pkgs+=(g++ libucx-dev ucx-utils libgloo-dev python3 python3-torch fortunes
-                  iproute2 procps doxygen slurm-wlm munge python3-yaml util-linux) ;;
+                  iproute2 procps doxygen slurm-wlm munge python3-yaml util-linux
+                  clang libclang-rt-14-dev) ;; # libFuzzer: scripts/fuzz.sh
   *) echo "usage: setup.sh [--tests]" >&2; exit 2 ;;
 esac
 missing=()

@@ -6,6 +6,7 @@
  * self-pipe fed by the signal handlers (SIGCHLD and the signals we forward).
  * Every wait has a deadline, so dgrun never hangs on a rank that ignores
  * SIGTERM or on a grandchild that keeps a pipe open. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -27,6 +28,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tools/dgrun_trace.h"
+
 #define MAX_NPROC 4096
 #define READ_CHUNK 65536
 #define MAX_LINE (1u << 20) /* longer lines are split, so memory stays bounded */
@@ -39,6 +42,7 @@ typedef struct {
   int master_port; /* 0: pick a free one per (re)start */
   int max_restarts;
   double grace_s;
+  const char *trace; /* --trace FILE, or NULL */
   char **argv; /* program and its arguments */
 } opts_t;
 
@@ -54,6 +58,8 @@ typedef struct {
   int rank;
   int alive;
   int status; /* wait status once reaped */
+  int stopped_by;     /* signal that stopped it (SIGSTOP, SIGTSTP...), or 0 */
+  int64_t stopped_at; /* when */
   char prefix[32]; /* "[rank 3] " */
   stream_t out, err;
 } rank_t;
@@ -127,6 +133,8 @@ static const char *sig_name(int sig) {
       {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
       {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"},
       {SIGXCPU, "SIGXCPU"}, {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},
+      {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"}, {SIGTTIN, "SIGTTIN"},
+      {SIGTTOU, "SIGTTOU"},
   };
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
     if (t[i].sig == sig) return t[i].name;
@@ -171,6 +179,9 @@ static void usage(FILE *f) {
       "                       failure (default 0)\n"
       "  --grace-seconds S    after SIGTERM, wait S seconds before SIGKILL\n"
       "                       (default 5; fractions allowed)\n"
+      "  --trace FILE         set DG_TRACE=FILE.rank<R> in rank R and, when the\n"
+      "                       ranks end, merge their timelines into FILE (Chrome\n"
+      "                       trace JSON, one track per rank; docs/guide-trace.md)\n"
       "  --standalone         accepted for torchrun compatibility (single node)\n"
       "  -h, --help           show this help\n"
       "\n"
@@ -180,6 +191,9 @@ static void usage(FILE *f) {
       "  DG_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (0, then 1, 2, ...)\n"
       "  TORCHELASTIC_MAX_RESTARTS; OMP_NUM_THREADS=1 when unset and N > 1\n"
       "  (as torchrun does, so BLAS threads do not oversubscribe the cores).\n"
+      "  DG_FLIGHT_DIR, when unset: $TMPDIR/dgrun-flight.<dgrun pid>.<start>\n"
+      "  (default /tmp); after a rank failed, dgrun names that directory if a\n"
+      "  process group wrote its flight records there (rank<R>.txt).\n"
       "  Ranks read stdin from /dev/null.\n"
       "\n"
       "output: every line a rank writes is printed as \"[rank R] line\" (R the\n"
@@ -191,7 +205,10 @@ static void usage(FILE *f) {
       "failure: when a rank exits non-zero or is killed by a signal, dgrun\n"
       "names it (\"rank 1 (pid 1234) exited with status 3\"), sends SIGTERM to\n"
       "the other ranks (their process groups), SIGKILL after the grace period,\n"
-      "and restarts or exits. SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to dgrun\n"
+      "and restarts or exits. A rank stopped by a signal (SIGSTOP) is named\n"
+      "when it stops and again when another rank fails (which probably timed\n"
+      "out waiting for it); the teardown's SIGTERM to it is followed by\n"
+      "SIGCONT, so that it can act on it. SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to dgrun\n"
       "are forwarded to the ranks, followed by the same teardown (the signal\n"
       "repeated a second or more later sends SIGKILL at once); they are never\n"
       "followed by a restart. Signals ignored when dgrun starts (nohup, a\n"
@@ -264,6 +281,10 @@ static void set_opt(opts_t *o, const char *name, const char *v) {
     o->max_restarts = parse_int(name, v, 0, 1000000);
   else if (!strcmp(name, "--grace-seconds"))
     o->grace_s = parse_seconds(name, v);
+  else if (!strcmp(name, "--trace")) {
+    if (!*v) usage_error("--trace: empty file name");
+    o->trace = v;
+  }
   else
     usage_error("unknown option '%s'", name);
 }
@@ -349,7 +370,7 @@ static void install_handlers(void) {
   }
   struct sigaction sa = {.sa_handler = on_signal};
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_NOCLDSTOP;
+  sa.sa_flags = 0; /* SIGCHLD on stop and continue too: a stopped rank is named */
   sigaction(SIGCHLD, &sa, NULL);
   for (int i = 0; i < N_FWD; i++) {
     struct sigaction old;
@@ -372,6 +393,9 @@ static void block_signals(int how) {
  * wrappers do not leave grandchildren running (and holding our pipes). */
 static void signal_rank(rank_t *r, int sig) {
   if (r->pid > 0 && kill(-r->pid, sig) != 0 && r->alive) kill(r->pid, sig);
+  /* a stopped rank would hold a catchable signal until SIGKILL: let it act */
+  if (r->stopped_by && sig != SIGKILL && r->pid > 0 && kill(-r->pid, SIGCONT) != 0 && r->alive)
+    kill(r->pid, SIGCONT);
 }
 
 /* ---- output streams ---- */
@@ -488,6 +512,12 @@ static _Noreturn void child_exec(const opts_t *o, int local, int port,
   setenv_int("DG_RESTART_COUNT", restart);
   setenv_int("TORCHELASTIC_RESTART_COUNT", restart);
   setenv_int("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
+  if (o->trace) {
+    char tp[4200];
+    dgrun_trace_path(tp, sizeof tp, o->trace, (int)((long)o->node_rank * o->nproc + local));
+    setenv("DG_TRACE", tp, 1);
+    unlink(tp); /* an earlier run's file must not pass for this one's */
+  }
   execvp(o->argv[0], o->argv);
   int e = errno;
   ssize_t w = write(fds[2], &e, sizeof e);
@@ -589,6 +619,12 @@ static void on_rank_exit(group_t *g, const opts_t *o, int i) {
   char how[128];
   describe_status(r->status, how, sizeof how);
   msg("rank %d (pid %d) %s", r->rank, (int)r->pid, how);
+  for (int k = 0; k < g->n; k++) /* what the failing rank probably waited for */
+    if (g->r[k].alive && g->r[k].stopped_by)
+      msg("rank %d (pid %d) has been stopped by signal %d (%s) for %.1f s: the other ranks "
+          "probably timed out waiting for it", g->r[k].rank, (int)g->r[k].pid,
+          g->r[k].stopped_by, sig_name(g->r[k].stopped_by),
+          (double)(now_ms() - g->r[k].stopped_at) / 1000.0);
   g->failed = i;
   int others = count_alive(g);
   if (others > 0)
@@ -597,14 +633,31 @@ static void on_rank_exit(group_t *g, const opts_t *o, int i) {
   start_stop(g, o, SIGTERM);
 }
 
+/* A rank stopped (SIGSTOP, SIGTSTP...) or continued: said once each way. */
+static void note_stop(rank_t *r, int st) {
+  if (WIFSTOPPED(st) && !r->stopped_by) {
+    r->stopped_by = WSTOPSIG(st);
+    r->stopped_at = now_ms();
+    msg("rank %d (pid %d) was stopped by signal %d (%s)", r->rank, (int)r->pid,
+        r->stopped_by, sig_name(r->stopped_by));
+  } else if (WIFCONTINUED(st) && r->stopped_by) {
+    r->stopped_by = 0;
+    msg("rank %d (pid %d) continued", r->rank, (int)r->pid);
+  }
+}
+
 static void reap(group_t *g, const opts_t *o) {
   for (;;) {
     int st;
-    pid_t pid = waitpid(-1, &st, WNOHANG);
+    pid_t pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED);
     if (pid <= 0) return;
     for (int i = 0; i < g->n; i++) {
       rank_t *r = &g->r[i];
       if (r->pid != pid || !r->alive) continue;
+      if (WIFSTOPPED(st) || WIFCONTINUED(st)) {
+        note_stop(r, st);
+        continue;
+      }
       r->alive = 0;
       r->status = st;
       /* Print what it wrote before saying how it ended. */
@@ -746,6 +799,42 @@ static int run_group(const opts_t *o, int port, int restart, int *code) {
   return outcome;
 }
 
+/* After a run: the ranks' timelines into one file (a restart's run
+ * overwrites the previous one's). A missing rank is named, never fatal. */
+static void merge_trace(const opts_t *o) {
+  char why[1024];
+  int first = o->node_rank * o->nproc;
+  int n = dgrun_trace_merge(o->trace, first, o->nproc, why, sizeof why);
+  if (n < 0) msg("--trace: %s", why);
+  else if (n < o->nproc)
+    msg("--trace: merged %d of %d rank(s) into %s; missing: %s", n, o->nproc, o->trace, why);
+}
+
+/* DG_FLIGHT_DIR of the ranks (where their flight recorders write when
+ * their group fails): the user's, else one directory per dgrun and start. */
+static void flight_dir(char *dir, size_t cap, int restart) {
+  static char user[4096];
+  static int got;
+  const char *u = getenv("DG_FLIGHT_DIR");
+  if (!got++ && u) snprintf(user, sizeof user, "%s", u); /* before the first start sets it */
+  const char *t = getenv("TMPDIR");
+  if (user[0]) snprintf(dir, cap, "%s", user);
+  else snprintf(dir, cap, "%s/dgrun-flight.%d.%d", t && *t ? t : "/tmp", (int)getpid(), restart);
+  setenv("DG_FLIGHT_DIR", dir, 1);
+}
+
+/* After a failed run: says where the ranks' flight records are, if any. */
+static void print_flight(const char *dir) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));)
+    n += !strncmp(e->d_name, "rank", 4) && strstr(e->d_name, ".txt") != NULL;
+  if (d) closedir(d);
+  if (n)
+    msg("flight records of %d rank(s) (their last operations before their group failed): "
+        "%s/rank<R>.txt", n, dir);
+}
+
 int main(int argc, char **argv) {
   opts_t o;
   parse_args(argc, argv, &o);
@@ -758,7 +847,11 @@ int main(int argc, char **argv) {
       msg("cannot bind a free port on %s; pass --master-port", o.master_addr);
       return 1;
     }
+    char fdir[4096];
+    flight_dir(fdir, sizeof fdir, restart);
     int code, outcome = run_group(&o, port, restart, &code);
+    if (o.trace) merge_trace(&o);
+    if (outcome == RUN_RANK_FAILED) print_flight(fdir);
     if (outcome != RUN_RANK_FAILED) return code;
     if (restart >= o.max_restarts) {
       if (o.max_restarts > 0)

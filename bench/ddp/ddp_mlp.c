@@ -5,8 +5,11 @@
  *   ddp_mlp [--nproc W] [--ddp 0|1] [--batch B] [--threads T] [--steps S]
  *           [--warmup N] [--bucket-mib X] [--first-mib X] [--comm f32|fp16|bf16]
  *           [--no-overlap] [--overlap-fwd] [--no-join] [--layers 784,512,256,10]
- *           [--parts] [--ring] [--label TEXT]
+ *           [--parts] [--ring] [--label TEXT] [--trace FILE]
  *
+ * --trace FILE records the timeline (dgrad/trace.h) on every rank for the
+ * whole run and writes FILE.rank<R> at the end: the overhead of tracing is
+ * this run's step_ms against one without the flag.
  * The update is SGD (lr 0.01) through dg_optim, then dg_params_zero_grad.
  * --overlap-fwd hands it to DDP (dg_ddp_overlap_optimizer): each bucket's
  * update lands when the next forward reads it, so the all-reduce overlaps
@@ -30,12 +33,28 @@
  *
  * Prints one JSON line from rank 0 with samples/s over all ranks, step time,
  * and DDP's time waiting at backward end (median over ranks is not taken:
- * rank 0's own figures). */
+ * rank 0's own figures), and "ranks": every rank's step split into phases,
+ * mean ms per step over the first timed window:
+ *   forward_ms    forward and loss
+ *   backward_ms   backward's own work (its hooks included), DDP's wait not
+ *   avg_wait_ms   waiting for the gradient averaging (dg_ddp_stats.wait_s;
+ *                 with --overlap-fwd it happens in the next forward and is
+ *                 taken out of forward_ms instead)
+ *   peer_wait_ms  the part of avg_wait_ms during which a peer was still
+ *                 computing its backward: time this rank lost to a late peer
+ *                 rather than to communication (null with --overlap-fwd)
+ *   optim_ms      the optimizer step, zero_grad and dg_ctx_reset
+ *   step_ms, step_max_ms   the mean and the slowest step
+ * The ranks write per-step timestamps into memory shared across the fork
+ * (CLOCK_MONOTONIC is one clock for every process of the host); a rank's
+ * wait starts at its backward end minus its wait, and a peer finishes
+ * computing at its own backward end minus its own wait. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,7 +70,7 @@ typedef struct {
   int nproc, ddp, threads, no_overlap, overlap_fwd, no_join, parts, nl, ring;
   long batch, steps, warmup;
   double bucket_mib, first_mib;
-  const char *comm, *label;
+  const char *comm, *label, *trace;
   int64_t dims[MAXL + 1];
 } bopts;
 
@@ -86,11 +105,28 @@ static int mlp_init(mlp *m, const bopts *o) {
 
 static double g_bwd_s; /* time inside dg_backward, summed over steps */
 
+/* One step of one rank: CLOCK_MONOTONIC seconds at its start, forward end,
+ * backward end and end; DDP's wait inside it (s). */
+typedef struct {
+  double t0, fwd, bwd, end, wait;
+} step_rec;
+static step_rec *g_rec; /* (nproc, steps), MAP_SHARED across the fork */
+static int g_rec_on, g_rank;
+static long g_rec_n; /* steps recorded by this rank */
+
+static double ddp_wait_s(const dg_ddp *ddp) {
+  dg_ddp_stats st;
+  return ddp && !dg_ddp_get_stats(ddp, &st) ? st.wait_s : 0.0;
+}
+
 /* Forward + backward + SGD (forward and loss only when `fwd_only`);
  * returns the loss or NAN. */
 static float step(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_ddp *ddp,
                   dg_optim *opt, int fwd_only) {
   int64_t B = o->batch, xs[2] = {B, o->dims[0]};
+  step_rec *rec = g_rec_on && g_rec_n < o->steps ? &g_rec[g_rank * o->steps + g_rec_n++] : NULL;
+  double w0 = rec ? ddp_wait_s(ddp) : 0.0;
+  if (rec) rec->t0 = now_s();
   dg_tensor *h = dg_wrap(ctx, DG_F32, 2, xs, x);
   for (int l = 0; l < o->nl; l++) {
     h = dg_linear(ctx, h, m->w[l], m->b[l]);
@@ -103,8 +139,10 @@ static float step(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_
     return lv;
   }
   double tb = now_s();
+  if (rec) rec->fwd = tb;
   int brc = loss ? dg_backward(ctx, loss) : -1;
   g_bwd_s += now_s() - tb; /* with DDP: its wait at backward end included */
+  if (rec) rec->bwd = now_s();
   if (brc) {
     fprintf(stderr, "ddp_mlp: step failed: %s\n", dg_ctx_errmsg(ctx));
     return NAN;
@@ -115,7 +153,39 @@ static float step(dg_ctx *ctx, mlp *m, const bopts *o, float *x, int64_t *y, dg_
     dg_params_zero_grad(m->ps);
   }
   dg_ctx_reset(ctx);
+  if (rec) rec->end = now_s(), rec->wait = ddp_wait_s(ddp) - w0;
   return lv;
+}
+
+/* Prints ,"ranks":[...] from every rank's records (see the top). */
+static void print_phases(const bopts *o) {
+  printf(",\"ranks\":[");
+  for (int r = 0; r < o->nproc; r++) {
+    double f = 0, b = 0, w = 0, pw = 0, op = 0, st = 0, mx = 0;
+    for (long s = 0; s < o->steps; s++) {
+      const step_rec *e = &g_rec[r * o->steps + s];
+      double late = 0; /* the last peer's compute end after this rank's wait began */
+      for (int p = 0; p < o->nproc; p++) {
+        const step_rec *q = &g_rec[p * o->steps + s];
+        double d = (q->bwd - q->wait) - (e->bwd - e->wait);
+        if (p != r && d > late) late = d;
+      }
+      f += e->fwd - e->t0 - (o->overlap_fwd ? e->wait : 0);
+      b += e->bwd - e->fwd - (o->overlap_fwd ? 0 : e->wait);
+      w += e->wait;
+      pw += late < e->wait ? late : e->wait;
+      op += e->end - e->bwd;
+      st += e->end - e->t0;
+      if (e->end - e->t0 > mx) mx = e->end - e->t0;
+    }
+    double k = 1e3 / (double)o->steps;
+    printf("%s{\"rank\":%d,\"forward_ms\":%.4f,\"backward_ms\":%.4f,\"avg_wait_ms\":%.4f,", r ? "," : "",
+           r, f * k, b * k, w * k);
+    if (o->overlap_fwd) printf("\"peer_wait_ms\":null,");
+    else printf("\"peer_wait_ms\":%.4f,", pw * k);
+    printf("\"optim_ms\":%.4f,\"step_ms\":%.4f,\"step_max_ms\":%.4f}", op * k, st * k, mx * 1e3);
+  }
+  printf("]");
 }
 
 /* Seconds per step of `steps` steps after `warmup`. */
@@ -177,6 +247,13 @@ static int make_pg(int r, const bopts *o, const char *dir, dg_store **st, dg_pg 
   return rc;
 }
 
+/* Waits (5 ms polls, up to 20 s) until store counter `key` reaches n. */
+static void wait_count(dg_store *st, const char *key, int n) {
+  int64_t v = 0;
+  for (int i = 0; i < 4000 && !dg_store_add(st, key, 0, &v) && v < n; i++) usleep(5000);
+  if (v < n) fprintf(stderr, "ddp_mlp: %s: %lld of %d ranks after 20 s\n", key, (long long)v, n);
+}
+
 /* Leaves once every rank is done with its collectives (see tests/ddp). */
 static void leave(dg_store *st, dg_pg *pg, int W) {
   int64_t n = 0;
@@ -197,11 +274,11 @@ static void print_json(const bopts *o, double step_s, const dg_ddp_stats *st, co
   printf("{\"impl\":\"dgrad\",\"bench\":\"ddp_mlp\",\"label\":\"%s\",\"nproc\":%d,\"ddp\":%d,"
          "\"batch\":%ld,\"threads\":%d,\"steps\":%ld,\"bucket_mib\":%g,\"first_mib\":%g,"
          "\"comm\":\"%s\",\"overlap\":%d,\"overlap_fwd\":%d,\"join\":%d,\"nbuckets\":%d,\"step_ms\":%.4f,"
-         "\"samples_per_s\":%.1f,\"wait_ms\":%.4f",
+         "\"samples_per_s\":%.1f,\"wait_ms\":%.4f,\"trace\":%d",
          o->label, o->nproc, o->ddp, o->batch, o->threads, o->steps, o->bucket_mib, o->first_mib,
          o->comm, !o->no_overlap, o->overlap_fwd, !o->no_join, st->nbuckets, step_s * 1e3,
          (double)o->nproc * (double)o->batch / step_s,
-         st->sync_steps ? st->wait_s / (double)st->sync_steps * 1e3 : 0.0);
+         st->sync_steps ? st->wait_s / (double)st->sync_steps * 1e3 : 0.0, o->trace != NULL);
   /* DDP overlaps communication with backward only: the best a step can do
    * is forward + max(the rest of compute, communication) */
   double rest = comp_s - fwd_s, ideal = fwd_s + (rest > comm_s ? rest : comm_s);
@@ -212,6 +289,7 @@ static void print_json(const bopts *o, double step_s, const dg_ddp_stats *st, co
            comp_s * 1e3, fwd_s * 1e3, comm_s * 1e3, step_s / (comp_s > comm_s ? comp_s : comm_s),
            step_s / (comp_s + comm_s), step_s / ideal, bwd_s * 1e3, bwd_ddp_s * 1e3,
            bwd_ddp_s / (bwd_s > comm_s ? bwd_s : comm_s));
+  if (g_rec) print_phases(o);
   printf(",\"loss\":%.5f}\n", (double)loss);
   fflush(stdout);
 }
@@ -225,6 +303,7 @@ static int rank_main(int r, const bopts *o, const char *dir) {
   dg_optim *opt = NULL, *opt2 = NULL; /* opt2: the compute-alone runs */
   mlp m;
   memset(&m, 0, sizeof m);
+  if (o->trace && dg_trace_start(NULL)) return 10;
   if (o->ddp && make_pg(r, o, dir, &st, &pg)) return 10;
   dg_sgd_opts so = dg_sgd_defaults();
   so.lr = 0.01f;
@@ -254,7 +333,11 @@ static int rank_main(int r, const bopts *o, const char *dir) {
     if (o->overlap_fwd && dg_ddp_overlap_optimizer(ddp, opt)) return 12;
   }
   float loss = 0;
+  g_rank = r;
+  g_rec_on = g_rec != NULL; /* the first timed window (after its warmup) */
   double step_s = time_steps(ctx, &m, o, x, y, ddp, opt, &loss, 0), comp_s = 0, comm_s = 0, fwd_s = 0;
+  g_rec_on = 0;
+  if (st) dg_store_add(st, "phases_done", 1, NULL); /* rank 0 reads them below */
   double bwd_ddp_s = g_bwd_s / (double)o->steps, bwd_s = 0;
   if (step_s < 0) return 13;
   dg_ddp_stats sts;
@@ -281,7 +364,16 @@ static int rank_main(int r, const bopts *o, const char *dir) {
     fwd_s = time_steps(ctx2, &m, o, x, y, NULL, opt2, &fl, 1);
     comm_s = time_comm(pg, ddp, &m, o);
   }
+  if (r == 0 && st) wait_count(st, "phases_done", o->nproc);
   if (r == 0) print_json(o, step_s, &sts, (double[]){comp_s, fwd_s, comm_s, bwd_s, bwd_ddp_s}, loss);
+  if (o->trace) {
+    char path[4200], err[256] = "";
+    snprintf(path, sizeof path, "%s.rank%d", o->trace, r);
+    if (dg_trace_stop() || dg_trace_write(path, r, err, sizeof err)) {
+      fprintf(stderr, "ddp_mlp: rank %d: trace: %s\n", r, err);
+      return 14;
+    }
+  }
   dg_ddp_free(ddp);
   dg_optim_free(opt);
   dg_optim_free(opt2);
@@ -327,6 +419,7 @@ static int parse(bopts *o, int argc, char **argv) {
     else if (!strcmp(a, "--first-mib")) o->first_mib = atof(v), i++;
     else if (!strcmp(a, "--comm")) o->comm = v, i++;
     else if (!strcmp(a, "--label")) o->label = v, i++;
+    else if (!strcmp(a, "--trace")) o->trace = v, i++;
     else if (!strcmp(a, "--layers")) {
       if (parse_layers(o, v)) return -1;
       i++;
@@ -343,11 +436,16 @@ int main(int argc, char **argv) {
   if (parse(&o, argc, argv)) {
     fprintf(stderr, "usage: %s [--nproc W] [--ddp 0|1] [--batch B] [--threads T] [--steps S] "
             "[--warmup N] [--bucket-mib X] [--first-mib X] [--comm f32|fp16|bf16] "
-            "[--no-overlap] [--overlap-fwd] [--no-join] [--parts] [--layers a,b,..] [--label L]\n", argv[0]);
+            "[--no-overlap] [--overlap-fwd] [--no-join] [--parts] [--layers a,b,..] [--label L] "
+            "[--trace FILE]\n", argv[0]);
     return 2;
   }
   char dir[64] = "/tmp/dg_ddp_bench_XXXXXX";
   if (!mkdtemp(dir)) return 1;
+  /* every rank's step records, shared across the fork (print_phases) */
+  size_t rec_bytes = (size_t)o.nproc * (size_t)o.steps * sizeof(step_rec);
+  g_rec = mmap(NULL, rec_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (g_rec == MAP_FAILED) g_rec = NULL; /* no phases then, the rest still runs */
   pid_t pid[64];
   for (int r = 0; r < o.nproc; r++) {
     pid[r] = fork();
@@ -365,5 +463,6 @@ int main(int argc, char **argv) {
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd)) bad = 1;
+  if (g_rec) munmap(g_rec, rec_bytes);
   return bad;
 }

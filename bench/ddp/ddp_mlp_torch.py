@@ -13,17 +13,11 @@ is set to T before torch loads (see bench/mlp_torch.py for why).
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from host import free_port  # noqa: E402  (below the ephemeral range: bench/host.py)
 
 
 def rank_main(rank, a, port):

@@ -29,35 +29,72 @@ overlap: DDP on 2 ranks overlapping the all-reduce with backward and the
          `tc qdisc ... tbf rate R` in a private network namespace (unshare -n;
          needs root) -- there the kernel's copies cost as much CPU as the
          transfer takes, and this 2-core machine has no core to spare.
+
+--load S runs every part on a noisy host: bench/host.py's background load,
+started here before the first run and stopped after the last, takes share S
+of each core in bursts of --load-burst-ms at random times (S = 0.10: 10%).
+Scaling efficiency under load is against the single-rank runs under the same
+load. Every JSON line carries "load" (S) and "steal_s", the machine's CPU
+steal time during that run (/proc/stat), so a contended run shows; the
+scaling summary adds the total steal, the load the burners really took,
+the round-to-round spread (max / min samples/s) and, per rank, the median
+phases of dgrad's 2-rank runs (forward, backward, waiting for the gradient
+averaging, the part of that wait spent on a late peer, optimizer: see
+ddp_mlp.c).
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TORCH_PY = "/usr/bin/python3"
+sys.path.insert(0, os.path.dirname(HERE))
+from host import Load, steal_s  # noqa: E402
+
+LOAD = {"share": 0.0}  # the background load of this invocation (--load)
 
 
 def run(cmd, env=None):
     e = dict(os.environ)
     e["OPENBLAS_NUM_THREADS"] = "1"
     e.update(env or {})
+    s0 = steal_s()
     p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
     if p.returncode != 0:
         sys.stderr.write("failed (%d): %s\n%s\n" % (p.returncode, " ".join(cmd), p.stderr[-2000:]))
         return None
-    line = [l for l in p.stdout.splitlines() if l.startswith("{")][-1]
-    print(line, flush=True)
-    return json.loads(line)
+    rec = json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1])
+    rec["load"] = LOAD["share"]
+    rec["steal_s"] = round(steal_s() - s0, 2)
+    print(json.dumps(rec), flush=True)
+    return rec
 
 
 def med(rows, key):
     vals = [r[key] for r in rows if r]
     return statistics.median(vals) if vals else float("nan")
+
+
+def spread(rows, key="samples_per_s"):
+    vals = [r[key] for r in rows if r]
+    return max(vals) / min(vals) if vals and min(vals) > 0 else float("nan")
+
+
+def phases(rows):
+    """Per rank, the median over runs of each phase (ms per step)."""
+    out = []
+    for r in range(max((len(x.get("ranks", [])) for x in rows if x), default=0)):
+        ph = [x["ranks"][r] for x in rows if x and len(x.get("ranks", [])) > r]
+        out.append({k: med(ph, k) if all(p.get(k) is not None for p in ph) else None
+                    for k in ph[0] if k != "rank"})
+        out[-1]["rank"] = r
+    return out
 
 
 def summary(obj):
@@ -77,8 +114,15 @@ def scaling(a, exe):
         "torch_2_ddp": [TORCH_PY, os.path.join(HERE, "ddp_mlp_torch.py"), "--nproc", "2"] + st,
     }
     res = {k: [] for k in cases}
+    unknown = set(a.cases.split(",")) - set(cases) if a.cases else set()
+    if unknown:
+        sys.exit("run_ddp: --cases: no case %s (cases: %s)" % (
+            ", ".join(sorted(unknown)), ", ".join(cases)))
+    s0 = steal_s()
     for _ in range(a.runs):
         for k, c in cases.items():
+            if a.cases and k not in a.cases.split(","):
+                continue  # left out: its figures read nan
             res[k].append(run(*c) if isinstance(c, tuple) else run(c))
     m = {k: med(v, "samples_per_s") for k, v in res.items()}
     ms = {k: med(v, "step_ms") for k, v in res.items()}
@@ -89,7 +133,11 @@ def scaling(a, exe):
              "dgrad_scaling_eff_noshm": m["dgrad_2_ddp_noshm"] / (2 * m["dgrad_1_noddp"]),
              "torch_scaling_eff": m["torch_2_ddp"] / (2 * m["torch_1_noddp"]),
              "dgrad_over_torch_ddp": m["dgrad_2_ddp"] / m["torch_2_ddp"],
-             "ddp_1rank_overhead": ms["dgrad_1_ddp"] / ms["dgrad_1_noddp"] - 1})
+             "ddp_1rank_overhead": ms["dgrad_1_ddp"] / ms["dgrad_1_noddp"] - 1,
+             "load": LOAD["share"], "steal_s": round(steal_s() - s0, 2),
+             "spread": {k: spread(v) for k, v in res.items()},
+             "dgrad_2_ddp_phases": phases(res["dgrad_2_ddp"]),
+             "dgrad_2_ddp_ucx_phases": phases(res["dgrad_2_ddp_ucx"])})
 
 
 def sweep(a, exe):
@@ -152,6 +200,20 @@ def overlap(a, exe):
                  "no_overlap_step_over_sum": med(n, "step_over_sum")})
 
 
+def trace_overhead(a, exe):
+    """2-rank DDP with the timeline recorder on and off, runs interleaved."""
+    tmp = tempfile.mkdtemp(prefix="dg_trace_bench_")
+    st = ["--nproc", "2", "--steps", str(a.steps), "--warmup", "20"]
+    on, off = [], []
+    for _ in range(a.runs):
+        off.append(run([exe] + st + ["--label", "trace_off"]))
+        on.append(run([exe] + st + ["--label", "trace_on", "--trace", os.path.join(tmp, "t.json")]))
+    shutil.rmtree(tmp, ignore_errors=True)
+    summary({"part": "trace", "runs": a.runs, "median_step_ms_off": med(off, "step_ms"),
+             "median_step_ms_on": med(on, "step_ms"),
+             "trace_overhead": med(on, "step_ms") / med(off, "step_ms") - 1})
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", default="build-ddp")
@@ -163,16 +225,35 @@ def main():
     ap.add_argument("--rate-deep16", default="6.5gbit")
     ap.add_argument("--models", default="", help="overlap: comma-separated subset")
     ap.add_argument("--link", default="sim", choices=["sim", "tc"])
+    ap.add_argument("--cases", default="",
+                    help="scaling: comma-separated subset (e.g. dgrad_1_noddp,dgrad_2_ddp)")
+    ap.add_argument("--load", type=float, default=0.0,
+                    help="background load: share of each core, e.g. 0.10 (host.py)")
+    ap.add_argument("--load-burst-ms", type=float, default=20.0)
+    ap.add_argument("--load-seed", type=int, default=1)
+    ap.add_argument("--trace", action="store_true",
+                    help="only measure the timeline recorder's overhead (on vs off, 2 ranks)")
     a = ap.parse_args()
     exe = os.path.join(ROOT, a.build_dir, "bench", "ddp", "ddp_mlp")
     if not os.path.exists(exe):
         sys.exit("build first: ninja -C %s bench/ddp/ddp_mlp" % a.build_dir)
-    if a.part in ("scaling", "all"):
-        scaling(a, exe)
-    if a.part in ("sweep", "all"):
-        sweep(a, exe)
-    if a.part in ("overlap", "all"):
-        overlap(a, exe)
+    try:
+        load = Load(a.load, a.load_burst_ms, a.load_seed)
+    except ValueError as e:
+        sys.exit("run_ddp: --load: %s" % e)
+    LOAD["share"] = a.load
+    with load:
+        if a.trace:
+            return trace_overhead(a, exe)
+        if a.part in ("scaling", "all"):
+            scaling(a, exe)
+        if a.part in ("sweep", "all"):
+            sweep(a, exe)
+        if a.part in ("overlap", "all"):
+            overlap(a, exe)
+    if a.load > 0:
+        summary({"part": "load", "load": a.load, "burst_ms": a.load_burst_ms,
+                 "measured": round(load.measured, 4)})
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ transport (UCX's own shared-memory lanes for dgrad-ucx-sm).
 import argparse
 import json
 import os
-import random
 import re
 import statistics
 import subprocess
@@ -31,6 +30,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 TORCH = os.path.join(HERE, "..", "dist", "bench_allreduce_torch.py")
+sys.path.insert(0, os.path.dirname(HERE))
+from host import free_port  # noqa: E402  (below the ephemeral range)
 PYTHON = "/usr/bin/python3"
 
 # name: (extra environment, algorithms); None = torch gloo
@@ -43,7 +44,7 @@ CONFIGS = {
 
 
 def launch(world, argv, extra):
-    port = random.randint(20000, 60000)
+    port = free_port()
     procs = []
     for r in range(world):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
@@ -53,14 +54,14 @@ def launch(world, argv, extra):
     for p in procs[1:]:
         p.wait(timeout=120)
     if any(p.returncode for p in procs):
-        sys.exit(f"benchmark ranks failed: {argv} {extra}")
+        sys.exit(f"benchmark ranks failed on 127.0.0.1:{port}: {argv} {extra}")
     return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
 
 
 def perftest(test, size, tls, err, iters):
     """One ucx_perftest run (server + client on this host); returns the
     'Final' line's fields: typical latency (us), average bandwidth (MB/s)."""
-    port = str(random.randint(20000, 60000))
+    port = str(free_port())
     env = dict(os.environ, UCX_TLS=tls, UCX_MM_ERROR_HANDLING="y" if err else "n")
     args = ["-t", test, "-s", str(size), "-n", str(iters), "-w", str(max(iters // 10, 10))]
     if err:

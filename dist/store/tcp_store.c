@@ -11,6 +11,7 @@
 
 #include "dist/store/store_impl.h"
 #include "dist/store/tcp_store_impl.h"
+#include "dist/net/auth_impl.h"
 #include "dist/net/net_impl.h"
 #include "base/common_impl.h"
 
@@ -24,6 +25,7 @@ typedef struct {
   socklen_t alen;
   dg_ts_server *server;
   int was_up; /* connected once: a refusal now means the server left */
+  char *token; /* shared secret (NULL: none): every connection authenticates */
 } tcp_store;
 
 #define T(s) ((tcp_store *)(s))
@@ -71,8 +73,56 @@ static int io_fail(dg_store *s, int err, const char *what) {
   if (err == -ETIMEDOUT)
     return dg__store_fail(s, DG_ETIMEDOUT, "tcp store %s:%d: %s timed out", t->host, t->port,
                           what);
-  return dg__store_fail(s, DG_EPEER, "tcp store %s:%d: %s failed: %s", t->host, t->port, what,
-                        err == -EPIPE ? "connection closed by the server" : strerror(-err));
+  int closed = err == -EPIPE || err == -ECONNRESET;
+  return dg__store_fail(s, DG_EPEER, "tcp store %s:%d: %s failed: %s%s", t->host, t->port, what,
+                        err == -EPIPE ? "connection closed by the server" : strerror(-err),
+                        closed && !t->token ? " (a server with an auth token closes connections "
+                                              "that present none: DG_AUTH_TOKEN)" : "");
+}
+
+/* Sends CHECK of one key, key = prefix || tail, and reads the 1-byte reply. */
+static int auth_check(tcp_store *t, const char *prefix, size_t pl, const uint8_t *tail,
+                      size_t tl, uint8_t *resp, int64_t dl) {
+  unsigned char m[1 + 8 + 8 + 64];
+  uint64_t one = 1, kl = pl + tl;
+  m[0] = DG_TS_CHECK;
+  memcpy(m + 1, &one, 8);
+  memcpy(m + 9, &kl, 8);
+  memcpy(m + 17, prefix, pl);
+  memcpy(m + 17 + pl, tail, tl);
+  int e = dg__send_all(t->fd, m, 17 + kl, dl);
+  return e ? e : dg__recv_all(t->fd, resp, 1, dl);
+}
+
+/* The handshake of tcp_store_impl.h on a fresh connection. */
+static int authenticate(dg_store *s, int64_t dl) {
+  tcp_store *t = T(s);
+  uint8_t cn[DG_AUTH_NONCE], sr[DG_AUTH_NONCE + DG_AUTH_MAC], want[DG_AUTH_MAC], r = 0xff;
+  if (dg__auth_nonce(cn) != DG_OK)
+    return dg__store_fail(s, DG_ESYS, "tcp store %s:%d: no random bytes for a nonce", t->host,
+                          t->port);
+  int e = auth_check(t, DG_TS_AUTH_HELLO, sizeof DG_TS_AUTH_HELLO - 1, cn, sizeof cn, &r, dl);
+  if (!e && r == 1) {
+    io_fail(s, -EPROTO, "authentication");
+    return dg__store_fail(s, DG_EUNSUPPORTED, "tcp store %s:%d: this rank has an auth token but "
+                          "the server does not authenticate (torch's TCPStore, or a dgrad rank 0 "
+                          "without DG_AUTH_TOKEN): tokens need every rank to run dgrad with the "
+                          "same token", t->host, t->port);
+  }
+  if (!e && r != 0) e = -EPROTO;
+  if (!e) e = dg__recv_all(t->fd, sr, sizeof sr, dl);
+  if (e) return io_fail(s, e, "authentication");
+  dg__auth_proof(t->token, DG_TS_AUTH_SERVER, cn, sizeof cn, sr, DG_AUTH_NONCE, want);
+  if (!dg__auth_equal(want, sr + DG_AUTH_NONCE, DG_AUTH_MAC)) {
+    io_fail(s, -EPROTO, "authentication");
+    return dg__store_fail(s, DG_EMISMATCH, "tcp store %s:%d: authentication refused: the "
+                          "server holds a different auth token (DG_AUTH_TOKEN)", t->host,
+                          t->port);
+  }
+  dg__auth_proof(t->token, DG_TS_AUTH_CLIENT, cn, sizeof cn, sr, DG_AUTH_NONCE, want);
+  e = auth_check(t, DG_TS_AUTH_PROOF, sizeof DG_TS_AUTH_PROOF - 1, want, sizeof want, &r, dl);
+  if (!e && r != 0) e = -EPROTO;
+  return e ? io_fail(s, e, "authentication") : DG_OK;
 }
 
 static int ensure_conn(dg_store *s, int64_t deadline) {
@@ -87,7 +137,7 @@ static int ensure_conn(dg_store *s, int64_t deadline) {
   if (fd < 0) return io_fail(s, fd, "connect");
   t->fd = fd;
   t->was_up = 1;
-  return DG_OK;
+  return t->token ? authenticate(s, deadline) : DG_OK;
 }
 
 /* Sends a request and reads `rlen` reply bytes (0: none) under the lock. */
@@ -277,6 +327,7 @@ static void ts_destroy(dg_store *s) {
   if (t->fd >= 0) close(t->fd);
   dg__ts_server_stop(t->server);
   pthread_mutex_destroy(&t->mu);
+  dg__free(t->token);
   dg__free(t);
 }
 
@@ -319,12 +370,13 @@ static int resolve_and_listen(tcp_store *t, int is_server) {
                           "%s", t->host, t->port, t->host, why);
   if (!is_server) return DG_OK;
   int local = dg__is_numeric_host(t->host), port = t->port, eno = 0;
-  int rc = dg__ts_server_start(&t->server, local ? &t->addr : NULL, &port, &eno, why, sizeof why);
+  int rc = dg__ts_server_start(&t->server, local ? &t->addr : NULL, &port, t->token, &eno, why,
+                               sizeof why);
   if (rc != DG_OK && local && eno == EADDRNOTAVAIL) {
     DG_LOGI("tcp store: %s is not an address of this host; listening on every address",
             t->host);
     port = t->port;
-    rc = dg__ts_server_start(&t->server, NULL, &port, &eno, why, sizeof why);
+    rc = dg__ts_server_start(&t->server, NULL, &port, t->token, &eno, why, sizeof why);
   }
   if (rc != DG_OK)
     return dg__store_fail(&t->base, rc, "tcp store %s:%d (server): %s", t->host, t->port, why);
@@ -346,7 +398,10 @@ int dg_store_new_tcp(dg_store **out, const dg_tcp_store_opts *o, char *err, size
   t->fd = -1;
   t->port = o->port;
   snprintf(t->host, sizeof t->host, "%s", o->host && *o->host ? o->host : "127.0.0.1");
-  int rc = resolve_and_listen(t, o->is_server);
+  int rc = DG_OK;
+  if (o->auth_token && *o->auth_token && !(t->token = dg__strdup(o->auth_token)))
+    rc = dg__store_fail(&t->base, DG_ENOMEM, "store_new_tcp: out of memory");
+  if (rc == DG_OK) rc = resolve_and_listen(t, o->is_server);
   if (rc == DG_OK) rc = ensure_conn(&t->base, dg__deadline(0, t->base.timeout_ms));
   if (rc == DG_OK && o->wait_workers) rc = wait_workers(&t->base, o->world_size, o->is_server);
   if (rc != DG_OK) { /* every message above names the store */

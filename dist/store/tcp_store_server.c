@@ -1,7 +1,9 @@
 /* TCPStore server (PyTorch 1.13 protocol): one thread polls the listener and
  * every client; requests are parsed from per-client buffers so partial reads
  * and pipelined requests work; WAIT parks the client until its keys exist.
- * A malformed request closes only that client's connection. */
+ * A malformed request closes only that client's connection. With a token
+ * (dgrad-only groups) a client must first pass the handshake of
+ * tcp_store_impl.h; anything else it sends closes its connection. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -14,6 +16,7 @@
 
 #include "dist/store/kv_impl.h"
 #include "dist/store/tcp_store_impl.h"
+#include "dist/net/auth_impl.h"
 #include "dist/net/net_impl.h"
 #include "base/common_impl.h"
 
@@ -34,6 +37,11 @@ typedef struct {
   buf_t in, out;
   key_t_ *wait_keys; /* (nwait) keys of a parked WAIT, NULL when not waiting */
   int nwait;
+  /* handshake (servers with a token): 0 nothing yet, 1 hello answered,
+   * 2 authenticated; the nonces of the hello */
+  int auth;
+  uint8_t cnonce[DG_AUTH_NONCE], snonce[DG_AUTH_NONCE];
+  char addr[64];
 } client_t;
 
 struct dg_ts_server {
@@ -46,9 +54,12 @@ struct dg_ts_server {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int live;
+  char *token;     /* NULL: no authentication (torch's protocol as is) */
+  int fixed_nonce; /* dg__ts_server_replay: server nonces are all zero */
 };
 
 static int buf_put(buf_t *b, const void *p, size_t n) {
+  if (!n) return 0; /* b->p may be NULL: no pointer arithmetic on it (fuzz_store) */
   if (b->n + n > b->cap) {
     size_t nc = b->cap ? b->cap : 256;
     while (nc < b->n + n) nc *= 2;
@@ -76,7 +87,7 @@ static void clear_wait(client_t *c) {
 
 static void drop_client(dg_ts_server *s, int i) {
   client_t *c = &s->cl[i];
-  close(c->fd);
+  if (c->fd >= 0) close(c->fd);
   buf_free(&c->in);
   buf_free(&c->out);
   clear_wait(c);
@@ -133,6 +144,42 @@ static void wake_waiters(dg_ts_server *s) {
   }
 }
 
+/* The handshake (tcp_store_impl.h), on a server with a token: 1 when
+ * `keys` was a step of it (answered), 0 when not, -1 to drop the client. */
+static int auth_step(dg_ts_server *s, client_t *c, const key_t_ *keys, uint64_t n, int is_wait) {
+  size_t hl = sizeof DG_TS_AUTH_HELLO - 1, pl = sizeof DG_TS_AUTH_PROOF - 1;
+  int hello = !is_wait && n == 1 && keys[0].n == hl + DG_AUTH_NONCE &&
+              !memcmp(keys[0].p, DG_TS_AUTH_HELLO, hl);
+  int proof = !is_wait && n == 1 && keys[0].n == pl + DG_AUTH_MAC &&
+              !memcmp(keys[0].p, DG_TS_AUTH_PROOF, pl);
+  if (hello && c->auth == 0) {
+    uint8_t r[1 + DG_AUTH_NONCE + DG_AUTH_MAC] = {0}; /* READY, nonce, proof */
+    memcpy(c->cnonce, keys[0].p + hl, DG_AUTH_NONCE);
+    if (!s->fixed_nonce && dg__auth_nonce(c->snonce) != DG_OK) return -1;
+    memcpy(r + 1, c->snonce, DG_AUTH_NONCE);
+    dg__auth_proof(s->token, DG_TS_AUTH_SERVER, c->cnonce, DG_AUTH_NONCE, c->snonce,
+                   DG_AUTH_NONCE, r + 1 + DG_AUTH_NONCE);
+    c->auth = 1;
+    return reply(c, r, sizeof r) ? -1 : 1;
+  }
+  if (proof && c->auth == 1) {
+    uint8_t want[DG_AUTH_MAC], ok = 0;
+    dg__auth_proof(s->token, DG_TS_AUTH_CLIENT, c->cnonce, DG_AUTH_NONCE, c->snonce,
+                   DG_AUTH_NONCE, want);
+    if (!dg__auth_equal(want, keys[0].p + pl, DG_AUTH_MAC)) {
+      DG_LOGW("tcp store server: client %s failed authentication (wrong token); "
+              "connection closed", c->addr);
+      return -1;
+    }
+    c->auth = 2;
+    return reply(c, &ok, 1) ? -1 : 1;
+  }
+  if (c->auth == 2) return 0;
+  DG_LOGW("tcp store server: client %s sent a request before authenticating (no token, "
+          "or torch's TCPStore client); connection closed", c->addr);
+  return -1;
+}
+
 /* CHECK / WAIT: u64 n then n keys. */
 static int handle_keys(dg_ts_server *s, client_t *c, cur_t *cu, int is_wait) {
   uint64_t n;
@@ -152,7 +199,9 @@ static int handle_keys(dg_ts_server *s, client_t *c, cur_t *cu, int is_wait) {
       keys[i].n = kl;
     }
   }
-  if (rc == 1) {
+  int step = rc == 1 && s->token ? auth_step(s, c, keys, n, is_wait) : 0;
+  if (step) rc = step; /* a step of the handshake, answered; or drop */
+  if (rc == 1 && !step) {
     uint8_t present = (uint8_t)keys_present(s, keys, (int)n);
     if (!is_wait) {
       uint8_t v = present ? 0 : 1; /* READY 0, NOT_READY 1 */
@@ -198,6 +247,11 @@ static int handle_one(dg_ts_server *s, client_t *c, cur_t *cu) {
   int r;
   if (cu->o >= cu->n) return 0;
   uint8_t q = cu->p[cu->o++];
+  if (s->token && c->auth != 2 && q != DG_TS_CHECK) { /* only the handshake's CHECKs */
+    DG_LOGW("tcp store server: client %s sent query %u before authenticating (no token, "
+            "or torch's TCPStore client); connection closed", c->addr, q);
+    return -1;
+  }
   switch (q) {
     case DG_TS_SET:
       if ((r = get_bytes(cu, &k, &kl, DG_TS_MAX_KEY)) <= 0) return r;
@@ -242,6 +296,7 @@ static int handle_one(dg_ts_server *s, client_t *c, cur_t *cu) {
 /* Runs every complete request in the client's buffer. -1: drop it. */
 static int process_input(dg_ts_server *s, client_t *c) {
   size_t used = 0;
+  if (!c->in.n) return 0; /* in.p may be NULL */
   while (!c->wait_keys) {
     cur_t cu = {c->in.p + used, c->in.n - used, 0};
     int r = handle_one(s, c, &cu);
@@ -285,7 +340,9 @@ static int read_client(dg_ts_server *s, client_t *c) {
 
 static void accept_clients(dg_ts_server *s) {
   for (;;) {
-    int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    struct sockaddr_storage pa;
+    socklen_t pl = sizeof pa;
+    int fd = accept4(s->lfd, (struct sockaddr *)&pa, &pl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
     if (s->ncl == s->capcl) {
       int nc = s->capcl ? s->capcl * 2 : 16;
@@ -299,6 +356,7 @@ static void accept_clients(dg_ts_server *s) {
     }
     dg__set_nodelay(fd);
     memset(&s->cl[s->ncl], 0, sizeof s->cl[0]);
+    dg__addr_str(&pa, s->cl[s->ncl].addr, sizeof s->cl[0].addr);
     s->cl[s->ncl++].fd = fd;
   }
 }
@@ -387,9 +445,13 @@ static void bind_msg(const struct sockaddr_storage *ss, int e, char *why, size_t
 }
 
 int dg__ts_server_start(dg_ts_server **out, const struct sockaddr_storage *at, int *port,
-                        int *eno, char *why, size_t cap) {
+                        const char *token, int *eno, char *why, size_t cap) {
   dg_ts_server *s = dg__calloc(1, sizeof *s);
   if (!s) return DG_ENOMEM;
+  if (token && *token && !(s->token = dg__strdup(token))) {
+    dg__free(s);
+    return DG_ENOMEM;
+  }
   s->wake[0] = s->wake[1] = -1;
   struct sockaddr_storage ss;
   s->lfd = listen_on(at, *port, &ss);
@@ -418,6 +480,7 @@ int dg__ts_server_start(dg_ts_server **out, const struct sockaddr_storage *at, i
     if (s->wake[1] >= 0) close(s->wake[1]);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    dg__free(s->token);
     dg__free(s);
     return err == EADDRINUSE ? DG_ESTATE : DG_ESYS;
   }
@@ -454,5 +517,54 @@ void dg__ts_server_stop(dg_ts_server *s) {
   close(s->wake[1]);
   pthread_cond_destroy(&s->cv);
   pthread_mutex_destroy(&s->mu);
+  dg__free(s->token);
   dg__free(s);
+}
+
+/* One record of a replay: the client it is for gets the bytes; after a
+ * failed request or a hang-up it is dropped, and a later record for it
+ * opens a fresh connection. Then, as in server_main, clients whose WAIT
+ * was released run what they had pipelined. Replies are discarded. */
+static int replay_record(dg_ts_server *s, int who, const uint8_t *p, size_t len, int hangup) {
+  int dropped = 0;
+  while (s->ncl <= who) {
+    memset(&s->cl[s->ncl], 0, sizeof s->cl[0]);
+    s->cl[s->ncl].fd = -1;
+    snprintf(s->cl[s->ncl].addr, sizeof s->cl[0].addr, "replay client %d", s->ncl);
+    s->ncl++;
+  }
+  client_t *c = &s->cl[who];
+  if (buf_put(&c->in, p, len) < 0 || process_input(s, c) < 0 || hangup) {
+    dropped = !hangup;
+    drop_client(s, who); /* the last one moves into its place */
+  }
+  for (int i = s->ncl - 1; i >= 0; i--)
+    if (s->cl[i].in.n && !s->cl[i].wait_keys && process_input(s, &s->cl[i]) < 0) {
+      drop_client(s, i);
+      dropped++;
+    }
+  for (int i = 0; i < s->ncl; i++) s->cl[i].out.n = s->cl[i].out.off = 0;
+  return dropped;
+}
+
+int dg__ts_server_replay(const uint8_t *data, size_t n, const char *token) {
+  dg_ts_server s;
+  memset(&s, 0, sizeof s);
+  s.fixed_nonce = 1;
+  s.token = (char *)(token && *token ? token : NULL);
+  s.cl = dg__calloc(DG_TS_REPLAY_CLIENTS, sizeof *s.cl);
+  if (!s.cl) return DG_ENOMEM;
+  s.capcl = DG_TS_REPLAY_CLIENTS;
+  int dropped = 0;
+  for (size_t o = 0; o + 2 <= n;) {
+    int who = data[o] % DG_TS_REPLAY_CLIENTS, hangup = (data[o] >> 2) & 1;
+    size_t len = DG_MIN((size_t)data[o + 1], n - o - 2);
+    if (who > s.ncl) who = s.ncl; /* clients are numbered densely */
+    dropped += replay_record(&s, who, data + o + 2, len, hangup);
+    o += 2 + len;
+  }
+  while (s.ncl) drop_client(&s, s.ncl - 1);
+  dg__free(s.cl);
+  dg__kv_free(&s.kv);
+  return dropped;
 }

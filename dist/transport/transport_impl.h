@@ -78,6 +78,9 @@ typedef struct {
   dg_peer_check_fn check;
   void *check_arg;
   int spin_us; /* busy-poll before sleeping (us): 0 the transport's default, < 0 none */
+  /* Shared secret (NULL or "": none): every pair proves it before its first
+   * frame (tcp; dgrad-only groups: a non-dgrad peer is DG_EUNSUPPORTED). */
+  const char *auth_token;
 } dg_xport_opts;
 
 /* TCP transport with the Gloo 2022 wire protocol. On failure *err says why. */

@@ -7,7 +7,7 @@
  *         [--max-steps N] [--log-every 100] [--loss-log FILE]
  *         [--schedule cosine|constant] [--stop-at STEP] [--overlap]
  *         [--checkpoint-dir DIR] [--keep 3] [--rescale accum|linear]
- *         [--accum K]
+ *         [--accum K] [--trace FILE]
  *
  * Models (parameters named "layers.<i>.weight" / ".bias"):
  *   mlp  784-512-256-10, ReLU
@@ -77,13 +77,13 @@
 
 /* ---- heap allocations made by dgrad, counted through the allocator hook ---- */
 
-static uint64_t g_allocs;
+static uint64_t g_allocs; /* atomic: the store server's thread allocates too */
 static void *count_malloc(size_t n) {
-  g_allocs++;
+  __atomic_fetch_add(&g_allocs, 1, __ATOMIC_RELAXED);
   return malloc(n);
 }
 static void *count_realloc(void *p, size_t n) {
-  g_allocs++;
+  __atomic_fetch_add(&g_allocs, 1, __ATOMIC_RELAXED);
   return realloc(p, n);
 }
 
@@ -544,9 +544,10 @@ static int train(trainer *t) {
     if (rc == DG_OK && rows == 0) rc = end_epoch(t, epoch, &ep_start);
     else if (rc == DG_OK) {
       float loss = 0;
-      uint64_t a0 = g_allocs;
+      uint64_t a0 = __atomic_load_n(&g_allocs, __ATOMIC_RELAXED);
       rc = train_step(t, rows, &loss);
-      if (t->steps_this_run >= 2) t->steady_allocs += g_allocs - a0;
+      if (t->steps_this_run >= 2)
+        t->steady_allocs += __atomic_load_n(&g_allocs, __ATOMIC_RELAXED) - a0;
       t->step++, t->steps_this_run++;
       if (t->loss_log) { /* flushed: a run killed later keeps its steps' lines */
         fprintf(t->loss_log, "%" PRId64 " %a\n", t->step, (double)loss);
@@ -580,6 +581,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mnist: %s\n", err);
     return 1;
   }
+  const char *trace = t.o.trace ? t.o.trace : getenv("DG_TRACE");
+  if (trace && (rc = dg_trace_start(NULL))) {
+    fprintf(stderr, "mnist: --trace %s: %s\n", trace, dg_strerror(rc));
+    return 1;
+  }
   rc = trainer_init(&t);
   if (!rc) rc = resume(&t);
   if (!rc) rc = train(&t);
@@ -591,6 +597,13 @@ int main(int argc, char **argv) {
   else if (!rc)
     printf("done: %" PRId64 " steps in %.1fs; dgrad heap allocations in steady-state steps: %"
            PRIu64 "\n", t.step, now_s() - t.t_start, t.steady_allocs);
+  if (trace) { /* the timeline of this rank, whatever the run's outcome */
+    int e = dg_trace_stop();
+    if (e) snprintf(err, sizeof err, "trace stop: %s", dg_strerror(e));
+    else e = dg_trace_write(trace, t.rank, err, sizeof err);
+    if (e) fprintf(stderr, "mnist: %s\n", err);
+    rc = rc ? rc : e;
+  }
   trainer_free(&t);
   return rc ? 1 : 0;
 }

@@ -25,6 +25,7 @@ typedef struct {
                       run were interrupted there; the schedule is unchanged */
   int overlap; /* DDP steps the optimizer, overlapping the next forward */
   int accum;   /* micro-batches per step: --batch rows split in accum parts */
+  const char *trace; /* --trace FILE: this rank's timeline (else $DG_TRACE, set by dgrun --trace) */
 } mnist_opts;
 
 static const char mnist_usage[] =
@@ -34,7 +35,7 @@ static const char mnist_usage[] =
     "             [--max-steps N] [--log-every 100] [--loss-log FILE]\n"
     "             [--schedule cosine|constant] [--stop-at STEP] [--overlap]\n"
     "             [--checkpoint-dir DIR] [--keep 3] [--rescale accum|linear]\n"
-    "             [--throttle-ms MS] [--accum K]\n";
+    "             [--throttle-ms MS] [--accum K] [--trace FILE]\n";
 
 static float mnist_default_lr(const char *optim) {
   if (!strcmp(optim, "sgd")) return 0.05f;
@@ -51,7 +52,7 @@ static int mnist_one_of(const char *v, const char *a, const char *b, const char 
 /* Returns 0, 1 after --help, or -1 on a bad option (message printed). */
 static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
   *o = (mnist_opts){DG_FASHION_MNIST_DIR, "mlp", "adamw", NULL, NULL, NULL, NULL, 3, 0, 0,
-                    64, 3, 1, 100, 1, 0, 1, 0, 0, 0, 0, 1};
+                    64, 3, 1, 100, 1, 0, 1, 0, 0, 0, 0, 1, NULL};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -71,6 +72,7 @@ static int mnist_parse_opts(int argc, char **argv, mnist_opts *o) {
     else if (!strcmp(a, "--resume")) o->resume = v;
     else if (!strcmp(a, "--loss-log")) o->loss_log = v;
     else if (!strcmp(a, "--checkpoint-dir")) o->checkpoint_dir = v;
+    else if (!strcmp(a, "--trace")) o->trace = v;
     else if (!strcmp(a, "--keep")) o->keep = atoi(v);
     else if (!strcmp(a, "--throttle-ms")) o->throttle_ms = atoi(v);
     else if (!strcmp(a, "--rescale") && mnist_one_of(v, "accum", "linear", NULL, NULL))

@@ -6,6 +6,10 @@
  *               [--layers L] [--heads H] [--dim C] [--context T] [--tie]
  *               [--warmup N] [--weight-decay X] [--clip X] [--log-every N]
  *               [--swap file|bf16|file+bf16 [--swap-dir DIR] [--swap-lookahead N]]
+ *               [--trace FILE]
+ *
+ * --trace FILE (or $DG_TRACE, which dgrun --trace sets per rank) writes this
+ * rank's timeline as Chrome trace JSON at the end (docs/guide-trace.md).
  *
  * Model: token embedding + learned position embedding, L pre-LN transformer
  * blocks, final layernorm, linear head (tied to the token embedding with
@@ -44,6 +48,7 @@ typedef struct {
   int one_f_one_b, remat, balance_time; /* its schedule, re-materialization, balance */
   const char *swap, *swap_dir;          /* --swap: activation swapping (swap.h) */
   long swap_lookahead;
+  const char *trace; /* --trace FILE */
 } opts;
 
 static void usage(const char *argv0) {
@@ -55,13 +60,14 @@ static void usage(const char *argv0) {
           "          [--clip X] [--log-every N]\n"
           "          [--pipe K [--micro-batches M] [--schedule gpipe|1f1b] [--remat]\n"
           "           [--balance even|time]]  (under dgrun: K stages x world/K replicas)\n"
-          "          [--swap file|bf16|file+bf16 [--swap-dir DIR] [--swap-lookahead N]]\n",
+          "          [--swap file|bf16|file+bf16 [--swap-dir DIR] [--swap-lookahead N]]\n"
+          "          [--trace FILE]\n",
           argv0);
 }
 
 static int parse(int argc, char **argv, opts *o) {
   *o = (opts){NULL, 2000, 16, 1, 100, 16, 400, 10, 100, 4, 4, 128, 64, 0, 0,
-              2e-3, 0.01, 1.0, 0.8, 1337, 0, 0, 0, 0, 0, NULL, NULL, 2};
+              2e-3, 0.01, 1.0, 0.8, 1337, 0, 0, 0, 0, 0, NULL, NULL, 2, NULL};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     long *lp = NULL;
@@ -93,6 +99,7 @@ static int parse(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--pipe")) lp = &o->pipe;
     else if (!strcmp(a, "--swap")) o->swap = v;
     else if (!strcmp(a, "--swap-dir")) o->swap_dir = v;
+    else if (!strcmp(a, "--trace")) o->trace = v;
     else if (!strcmp(a, "--swap-lookahead")) lp = &o->swap_lookahead;
     else if (!strcmp(a, "--micro-batches")) lp = &o->micro;
     else if (!strcmp(a, "--steps")) lp = &o->steps;
@@ -364,6 +371,18 @@ static int pipe_main(const opts *o) {
   return gpt_pipe_run(&po);
 }
 
+/* --trace: this rank's timeline to path (pid: $RANK, as dgrun sets it);
+ * returns code, or 1 when the trace could not be written. */
+static int trace_end(const char *path, int code) {
+  if (!path) return code;
+  char err[256];
+  int e = dg_trace_stop();
+  if (e) snprintf(err, sizeof err, "trace stop: %s", dg_strerror(e));
+  else e = dg_trace_write(path, getenv("RANK") ? atoi(getenv("RANK")) : 0, err, sizeof err);
+  if (e) fprintf(stderr, "transformer: %s\n", err);
+  return e ? 1 : code;
+}
+
 int main(int argc, char **argv) {
   opts o;
   if (parse(argc, argv, &o)) return 2;
@@ -372,7 +391,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "transformer: --swap is for the single-process loop, not --pipe\n");
     return 2;
   }
-  if (o.pipe) return pipe_main(&o);
+  const char *trace = o.trace ? o.trace : getenv("DG_TRACE");
+  int trc = trace ? dg_trace_start(NULL) : 0;
+  if (trc) {
+    fprintf(stderr, "transformer: --trace %s: %s\n", trace, dg_strerror(trc));
+    return 1;
+  }
+  if (o.pipe) return trace_end(trace, pipe_main(&o));
   run_state r;
   if (setup(&r, &o) || (o.swap && swap_setup(r.ctx, &o))) {
     run_free(&r);
@@ -445,5 +470,5 @@ int main(int argc, char **argv) {
   int rc = sample(&r.m, r.ctx, r.text, o.sample_len, o.temperature, o.seed ^ 0x5a5a5a5aull);
   printf("peak RSS %.1f MiB\n", peak_rss_mib());
   run_free(&r);
-  return rc ? 1 : 0;
+  return trace_end(trace, rc ? 1 : 0);
 }

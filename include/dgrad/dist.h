@@ -15,15 +15,17 @@
  * (dg_work_errmsg, dg_pg_errmsg) naming the operation, its sequence number
  * and the peer: DG_EPEER when a peer died or closed its connection,
  * DG_ETIMEDOUT when a peer stayed silent past the group's timeout,
- * DG_EFORMAT when a peer sent a malformed frame. A failure is sticky: every
- * pending and later operation of the group fails with it. The library never
- * aborts the process.
+ * DG_EFORMAT when a peer sent a malformed frame, DG_EMISMATCH when ranks
+ * called different collectives (checked for the first ones: check_colls).
+ * The first failure also says where every rank stands (flight_records). A
+ * failure is sticky: every pending and later operation of the group fails
+ * with it. The library never aborts the process.
  *
  * Configuration is dg_pg_opts; the library reads no environment variable
  * except in dg_pg_new_from_env and dg_pg_opts_from_env (torchrun-style
  * set-up): DG_BACKEND, DG_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, DG_SHM,
- * DG_SPIN_US (the fields they fill say what they do). DG_LOG=info logs the
- * address used and the algorithms chosen.
+ * DG_SPIN_US, DG_FLIGHT_DIR (the fields they fill say what they do).
+ * DG_LOG=info logs the address used and the algorithms chosen.
  *
  * Thread-safety: a dg_pg may be used from several threads (calls that post
  * collectives are serialised; order between threads is the caller's
@@ -120,6 +122,37 @@ typedef struct {
   int spin_us;
   /* Benchmarks and tests only: a slower link to model (copied; NULL: none). */
   const dg_link_model *link;
+  /* Flight recorder: how many of its last operations each rank keeps (seq,
+   * op, dtype, count, root or peer, state, times) in a ring allocated with
+   * the group: 0: 256, negative: none. On the group's first failure the
+   * dgrad ranks compare positions through the store (for at most a quarter
+   * of timeout_ms, 100 ms to 1 s) and the error says who is behind and
+   * where ("rank 3 is at seq 812 (allreduce f32[1024]); ranks 0-2 wait in
+   * seq 813 (allreduce f32[262144])"). Groups with torch ranks: this rank's
+   * position only. */
+  int flight_records;
+  /* Where each rank writes its records when the group fails, as
+   * <dir>/rank<R>.txt (sub-groups: rank<R>.group<name>.txt); the directory
+   * is created (one level). NULL: no file [DG_FLIGHT_DIR; dgrun sets one]. */
+  const char *flight_dir;
+  /* Collective fingerprints: the group's first check_colls collectives
+   * exchange (op, dtype, count, root, reduction) among the ranks before
+   * they run, and a difference fails every rank with DG_EMISMATCH naming
+   * both ranks and both calls instead of hanging or corrupting a later
+   * operation. 0: 64, negative: none, INT_MAX: every collective (one small
+   * message to and from each peer per collective). dgrad-only groups: torch
+   * and libgloo ranks cannot carry it, so mixed groups are not checked. */
+  int check_colls;
+  /* Shared secret of a group whose ranks all run dgrad (NULL or "": none)
+   * [DG_AUTH_TOKEN; dg_pg_new_from_env also gives it to the TCPStore, see
+   * dg_tcp_store_opts]: each pair of ranks proves it (HMAC-SHA-256 over
+   * fresh nonces; never sent) before its first frame, and a listener closes
+   * connections that do not, so a process without it cannot open a pair
+   * (nor take a peer's place). A peer that is not dgrad (torch, libgloo) is
+   * DG_EUNSUPPORTED, and so is the ucx backend; a different token is
+   * DG_EMISMATCH. Authentication only: nothing is encrypted
+   * (docs/guide-deployment.md says what is and is not protected). */
+  const char *auth_token;
 } dg_pg_opts;
 
 /* Creates a group and connects it (blocks until every rank joined or the
@@ -142,7 +175,8 @@ DG_API int dg_pg_new(dg_pg **out, const dg_pg_opts *opts, char *err, size_t cap)
 DG_API int dg_pg_new_from_env(dg_pg **out, int timeout_ms, char *err, size_t cap);
 /* Fills the configuration fields of o that are still zero from the
  * environment: backend (DG_BACKEND), iface (DG_SOCKET_IFNAME, else
- * GLOO_SOCKET_IFNAME), no_shm (DG_SHM=0), spin_us (DG_SPIN_US). For
+ * GLOO_SOCKET_IFNAME), no_shm (DG_SHM=0), spin_us (DG_SPIN_US), flight_dir
+ * (DG_FLIGHT_DIR). For
  * programs that make their own store and want the same switches as
  * dg_pg_new_from_env. The strings stay the environment's. DG_EINVAL: NULL. */
 DG_API int dg_pg_opts_from_env(dg_pg_opts *o);

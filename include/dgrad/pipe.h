@@ -156,6 +156,12 @@ DG_API int dg_pipe_get_stats(const dg_pipe *p, dg_pipe_stats *out);
  * balancing by time: n layers into cost (cap entries); DG_ENOTFOUND when
  * the balance was not measured. */
 DG_API int dg_pipe_layer_cost(const dg_pipe *p, double *cost, int cap, int *n);
+/* What a boundary after layer i costs each of its two stages, measured with
+ * the layer costs: the activation's bytes (and its gradient's, for floats)
+ * over the slowest link between neighbouring ranks, latency included
+ * (n - 1 entries into cut). The split minimises the largest stage cost,
+ * boundaries counted. DG_ENOTFOUND when the balance was not measured. */
+DG_API int dg_pipe_boundary_cost(const dg_pipe *p, double *cut, int cap, int *n);
 
 /* This rank's stage and its layer range [first, last). */
 DG_API int dg_pipe_stage(const dg_pipe *p, int *first, int *last);

@@ -40,6 +40,15 @@ typedef struct {
                          counter to reach it when wait_workers is set */
   int wait_workers;
   int timeout_ms;     /* default deadline for every wait; 0: 300000 */
+  /* Shared secret (NULL or "": none). The server then serves only clients
+   * that prove they know it (challenge-response with HMAC-SHA-256; the
+   * token is never sent) and closes other connections, logging them; a
+   * client proves it on every connection. Only for groups whose ranks all
+   * run dgrad: torch's TCPStore has no authentication (a client with a
+   * token fails against it with DG_EUNSUPPORTED). A wrong token is
+   * DG_EMISMATCH on the client. It protects who may use the store, not
+   * what travels: nothing is encrypted. */
+  const char *auth_token;
 } dg_tcp_store_opts;
 
 /* Constructors: on failure *out is NULL and err (cap bytes, may be NULL)

@@ -5,8 +5,9 @@
  *   activations where GPipe holds M (arena peak, M = 8);
  * - an integer boundary (token ids from stage 0 into an embedding);
  * - re-materialization with dropout: bit-identical to the pipe without it;
- * - balance by time: the measured costs give the optimal split (against
- *   brute force over every split), the same on both ranks, and the model
+ * - balance by time: the measured costs, boundaries' transfers included,
+ *   give the optimal split (against brute force over every split), the
+ *   same on both ranks, and the model
  *   trains as on one process;
  * - a dead middle stage of 4 fails every other stage within 2 s, naming it;
  * - DP x PP on 4 ranks (2 stages x 2 replicas, sub-groups of the world),
@@ -350,24 +351,30 @@ static int balance_rank(int r, int W, void *arg) {
   int rc = dg_pipe_new(&p, pg, uneven(), ps, 5, &po, err, sizeof err);
   if (rc) fprintf(stderr, "%s\n", err);
   REQUIRE(rc == DG_OK);
-  double cost[9];
-  int n = 0, first, last;
+  double cost[9], edge[8];
+  int n = 0, ne = 0, first, last;
   CHECK_OK(dg_pipe_layer_cost(p, cost, 9, &n));
+  CHECK_OK(dg_pipe_boundary_cost(p, edge, 8, &ne));
   CHECK_EQ_INT(n, 9);
+  CHECK_EQ_INT(ne, 8);
+  for (int i = 0; i < 8; i++) CHECK(edge[i] > 0); /* every boundary costs a latency at least */
+  CHECK(edge[4] >= edge[0]); /* 512 wide against 32 (equal when the link time is all latency) */
   dg_pipe_stage(p, &first, &last);
   int cut = r == 0 ? last : first; /* the split: stage 0 is [0, cut) */
   double best = INFINITY, got = 0, total = 0;
   for (int i = 0; i < 9; i++) total += cost[i];
-  for (int c = 1; c < 9; c++) {
+  for (int c = 1; c < 9; c++) { /* both stages pay the boundary after layer c - 1 */
     double left = 0;
     for (int i = 0; i < c; i++) left += cost[i];
-    double worst = fmax(left, total - left);
+    double worst = fmax(left, total - left) + edge[c - 1];
     if (worst < best) best = worst;
     if (c == cut) got = worst;
   }
   if (r == 0) {
     fprintf(stderr, "costs (us):");
     for (int i = 0; i < 9; i++) fprintf(stderr, " %.0f", cost[i] * 1e6);
+    fprintf(stderr, "; boundaries (us):");
+    for (int i = 0; i < 8; i++) fprintf(stderr, " %.1f", edge[i] * 1e6);
     fprintf(stderr, "; split at %d, max stage %.0f us (optimum %.0f)\n", cut, got * 1e6,
             best * 1e6);
   }

@@ -1,6 +1,7 @@
 /* Pipeline planning (dist/pipe_plan.c), checked from outside:
  * - the partition against brute force over every contiguous split, on
- *   random costs with and without a memory cap, and on torchgpipe's
+ *   random costs with and without a memory cap and the cost of each cut
+ *   (a boundary's transfer), and on torchgpipe's
  *   counterexamples ([1]*9+[10] into 2: 10, not 14; [1]*12+[10,10] into 4:
  *   no empty stage);
  * - GPipe and 1F1B tables for every K <= 8, M <= 16 pass the validator,
@@ -16,17 +17,24 @@
 #include "dist/pipe_plan.h"
 #include "tests/test.h"
 
+/* cut (may be NULL): what the boundary after layer i adds to both stages */
+static const double *g_cut;
+
+static double edges(int lo, int e, int n) {
+  return g_cut ? (lo > 0 ? g_cut[lo - 1] : 0) + (e < n ? g_cut[e - 1] : 0) : 0;
+}
+
 static double brute(const double *c, const double *m, int n, int k, double cap, int lo, int s) {
   if (s == k - 1) { /* last stage takes [lo, n) */
     double sc = 0, sm = 0;
     for (int i = lo; i < n; i++) sc += c[i], sm += m ? m[i] : 0;
-    return (lo < n && (cap <= 0 || sm <= cap)) ? sc : INFINITY;
+    return (lo < n && (cap <= 0 || sm <= cap)) ? sc + edges(lo, n, n) : INFINITY;
   }
   double best = INFINITY, sc = 0, sm = 0;
   for (int e = lo + 1; e <= n - (k - s - 1); e++) { /* stage s is [lo, e) */
     sc += c[e - 1], sm += m ? m[e - 1] : 0;
     if (cap > 0 && sm > cap) break;
-    best = fmin(best, fmax(sc, brute(c, m, n, k, cap, e, s + 1)));
+    best = fmin(best, fmax(sc + edges(lo, e, n), brute(c, m, n, k, cap, e, s + 1)));
   }
   return best;
 }
@@ -42,7 +50,7 @@ static void check_split(const double *c, const double *m, int n, int k, double c
     double sc = 0, sm = 0;
     for (int i = first[s]; i < first[s + 1]; i++) sc += c[i], sm += m ? m[i] : 0;
     if (cap > 0) CHECK(sm <= cap);
-    worst = fmax(worst, sc);
+    worst = fmax(worst, sc + edges(first[s], first[s + 1], n));
   }
   CHECK(worst == claimed);
 }
@@ -53,12 +61,15 @@ static void partition_vs_brute(void) {
   char err[256];
   for (int trial = 0; trial < 3000; trial++) {
     int n = 1 + rand() % 12, k = 1 + rand() % (n < 5 ? n : 5);
-    double c[12], m[12], cap = 0;
+    double c[12], m[12], cut[12], cap = 0;
     for (int i = 0; i < n; i++) c[i] = rand() % 4 == 0 ? rand() % 50 : rand() % 7, m[i] = 1 + rand() % 9;
+    for (int i = 0; i < n; i++) cut[i] = rand() % 3 == 0 ? rand() % 40 : rand() % 3;
     const int capped = trial % 2;
+    g_cut = trial % 3 ? cut : NULL; /* boundaries that cost as much as layers, or nothing */
     if (capped) cap = 5 + rand() % 30;
     double want = brute(c, capped ? m : NULL, n, k, cap, 0, 0), got = -1;
-    int rc = dg__pipe_partition(c, capped ? m : NULL, n, k, cap, first, &got, err, sizeof err);
+    int rc = dg__pipe_partition_cut(c, g_cut, capped ? m : NULL, n, k, cap, first, &got, err,
+                                    sizeof err);
     if (want == INFINITY) {
       CHECK_EQ_INT(rc, DG_EINVAL);
       continue;
@@ -68,6 +79,7 @@ static void partition_vs_brute(void) {
     CHECK(got == want);
     check_split(c, capped ? m : NULL, n, k, cap, first, got);
   }
+  g_cut = NULL;
 }
 
 static void counterexamples(void) {

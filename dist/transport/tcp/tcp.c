@@ -310,15 +310,25 @@ static void unx_done(dg_tcp_xport *x, dg_tcp_pair *p, dg_xop *u) {
   p->unx_tail = u;
 }
 
-/* Queues the data of a send the peer is ready for. */
+/* Queues the data of a send the peer is ready for. The op is on no list
+ * here (taken from `sends`, or not queued yet): when it cannot go, it fails
+ * itself, else nothing would ever complete it and its waiter would hang
+ * until its deadline (found by fuzz_ctrl). */
 static int start_data(dg_tcp_xport *x, dg_tcp_pair *p, dg_xop *op, uint64_t announced) {
+  int rc;
   if (op->n > announced) {
     xfail(x, DG_EMISMATCH, p->peer,
           "rank %d posted a receive of %llu bytes on slot 0x%llx but this rank sends %zu",
           p->peer, (unsigned long long)announced, (unsigned long long)op->slot, op->n);
-    return DG_EMISMATCH;
+    rc = DG_EMISMATCH;
+  } else {
+    rc = queue_msg(x, p, DG_TCP_SEND_UNBOUND, op->slot, op->n, op->buf, op->n, op);
   }
-  return queue_msg(x, p, DG_TCP_SEND_UNBOUND, op->slot, op->n, op->buf, op->n, op);
+  if (rc != DG_OK) {
+    complete(x, op, x->err ? x->err : rc);
+    pthread_cond_broadcast(&x->cv);
+  }
+  return rc;
 }
 
 static int post_check(dg_tcp_xport *x, dg_xop *op, dg_tcp_pair **pp) {
@@ -487,9 +497,10 @@ static int on_header(dg_tcp_xport *x, dg_tcp_pair *p) {
     return 0;
   }
   if (h->opcode == DG_TCP_ABORT && (x->base.all_dgrad || p->dgrad) && h->nbytes == DG_TCP_HDR) {
-    int64_t blame = (int64_t)h->slot, code = -(int64_t)h->offset;
-    if (blame < 0 || blame >= x->base.size) blame = p->peer;
-    if (code >= 0 || code <= DG__ERR_MIN) code = DG_EPEER;
+    /* range-checked as unsigned: negating any u64 as int64 may overflow (fuzz_ctrl) */
+    int64_t blame = h->slot < (uint64_t)x->base.size ? (int64_t)h->slot : p->peer;
+    int64_t code = h->offset >= 1 && h->offset < (uint64_t)-DG__ERR_MIN ? -(int64_t)h->offset
+                                                                          : DG_EPEER;
     const char *what = code == DG_EPEER ? "connection lost (process exited or was killed?)"
                        : code == DG_ETIMEDOUT ? "silent past the deadline"
                                               : dg_strerror((int)code);
@@ -536,8 +547,9 @@ static void on_eof(dg_tcp_xport *x, dg_tcp_pair *p, int err) {
           why, x->gone, p->peer);
     return;
   }
-  xfail(x, DG_EPEER, p->peer, "rank %d (%s): %s (process exited or was killed?)", p->peer, p->addr,
-        why);
+  int net = err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH;
+  xfail(x, DG_EPEER, p->peer, "rank %d (%s): %s (%s?)", p->peer, p->addr, why,
+        net ? "network down or host unreachable" : "process exited or was killed");
 }
 
 /* Reads what the socket has, up to a budget (lock held). */
@@ -731,32 +743,63 @@ static int start_loop(dg_tcp_xport *x) {
   return DG_OK;
 }
 
+/* The transport object with its pairs, no sockets yet (NULL: memory). */
+static dg_tcp_xport *xport_alloc(int rank, int size, int timeout_ms, int spin_us) {
+  dg_tcp_xport *x = dg__calloc(1, sizeof *x);
+  if (!x) return NULL;
+  x->base.vt = &tcp_vt;
+  x->base.rank = rank;
+  x->base.size = size;
+  x->timeout_ms = timeout_ms > 0 ? timeout_ms : 300000;
+  x->base.eager_max = DG_TCP_EAGER_MAX;
+  x->spin_us = spin_us > 0 ? spin_us : spin_us < 0 ? 0 : 100;
+  x->ep = x->evfd = -1;
+  x->gone = -1;
+  pthread_mutex_init(&x->mu, NULL);
+  pthread_cond_init(&x->cv, NULL);
+  x->pairs = dg__calloc((size_t)size, sizeof *x->pairs);
+  if (!x->pairs) {
+    tcp_destroy(&x->base);
+    return NULL;
+  }
+  for (int i = 0; i < size; i++) {
+    x->pairs[i].peer = i;
+    x->pairs[i].fd = -1;
+  }
+  return x;
+}
+
+int dg__tcp_xport_adopt(dg_xport **out, int rank, int size, const int *fds, int all_dgrad,
+                        int spin_us) {
+  if (!out || !fds || size < 1 || rank < 0 || rank >= size) return DG_EINVAL;
+  *out = NULL;
+  dg_tcp_xport *x = xport_alloc(rank, size, 0, spin_us);
+  if (!x) return DG_ENOMEM;
+  x->base.all_dgrad = all_dgrad;
+  for (int i = 0; i < size; i++) {
+    if (i == rank) continue;
+    x->pairs[i].fd = fds[i];
+    x->pairs[i].dgrad = all_dgrad;
+    snprintf(x->pairs[i].addr, sizeof x->pairs[i].addr, "fd %d", fds[i]);
+  }
+  int rc = pools_warm(x);
+  if (rc == DG_OK) rc = start_loop(x);
+  if (rc != DG_OK) {
+    x->base.all_dgrad = 0;
+    tcp_destroy(&x->base);
+    return rc;
+  }
+  *out = &x->base;
+  return DG_OK;
+}
+
 int dg__tcp_xport_new(dg_xport **out, const dg_xport_opts *o, char *err, size_t cap) {
   if (!out || !o || !o->store || !o->bind_addr || o->size < 1 || o->rank < 0 ||
       o->rank >= o->size)
     return DG_EINVAL;
   *out = NULL;
-  dg_tcp_xport *x = dg__calloc(1, sizeof *x);
+  dg_tcp_xport *x = xport_alloc(o->rank, o->size, o->timeout_ms, o->spin_us);
   if (!x) return DG_ENOMEM;
-  x->base.vt = &tcp_vt;
-  x->base.rank = o->rank;
-  x->base.size = o->size;
-  x->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 300000;
-  x->base.eager_max = DG_TCP_EAGER_MAX;
-  x->spin_us = o->spin_us > 0 ? o->spin_us : o->spin_us < 0 ? 0 : 100;
-  x->ep = x->evfd = -1;
-  x->gone = -1;
-  pthread_mutex_init(&x->mu, NULL);
-  pthread_cond_init(&x->cv, NULL);
-  x->pairs = dg__calloc((size_t)o->size, sizeof *x->pairs);
-  if (!x->pairs) {
-    tcp_destroy(&x->base);
-    return DG_ENOMEM;
-  }
-  for (int i = 0; i < o->size; i++) {
-    x->pairs[i].peer = i;
-    x->pairs[i].fd = -1;
-  }
   dg_xport_opts oo = *o;
   oo.timeout_ms = x->timeout_ms;
   int rc = dg__tcp_rendezvous(x, &oo, err, cap);

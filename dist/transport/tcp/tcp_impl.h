@@ -96,6 +96,27 @@ typedef struct {
   dg_xop *unx_free; /* dg_tcp_unx, linked through op.next */
 } dg_tcp_xport;
 
+/* A transport over sockets already connected to each peer (fds[i]: to rank
+ * i; fds[rank] unused; owned from then on), without rendezvous: the wire
+ * parser as the group runs it, for the fuzz harness (fuzz/fuzz_gloo.c) and
+ * tests. spin_us as in dg_xport_opts. */
+int dg__tcp_xport_adopt(dg_xport **out, int rank, int size, const int *fds, int all_dgrad,
+                        int spin_us);
+
+/* The pair handshake of dgrad-only groups with a token, before any Gloo
+ * frame, both sides at once (neither waits for the other to speak first):
+ *   hello: "DGPAIR1" NUL, u32 sender rank, u32 receiver rank, nonce (16)
+ *   proof: HMAC(token, DG_TCP_AUTH_LABEL, [u32 sender, u32 receiver,
+ *          receiver's nonce], sender's nonce) (32)
+ * each sent once the peer's hello is in; a proof over the receiver's fresh
+ * nonce and labelled by direction cannot be replayed or reflected. */
+#define DG_TCP_AUTH_MSG 32
+#define DG_TCP_AUTH_MAGIC "DGPAIR1"
+#define DG_TCP_AUTH_LABEL "dgrad tcp pair"
+/* Parses a hello from rank `from` to rank `to`: 0 and its nonce, or -1. */
+int dg__tcp_auth_hello_parse(const uint8_t msg[DG_TCP_AUTH_MSG], int from, int to,
+                             uint8_t nonce[16]);
+
 /* tcp_conn.c: Gloo's connectFullMesh; fills pairs[i].fd (blocking sockets). */
 int dg__tcp_rendezvous(dg_tcp_xport *x, const dg_xport_opts *o, char *err, size_t cap);
 
