@@ -478,7 +478,13 @@ static void compare(dg_pg *pg, dg__flight *f, char *msg, size_t cap) {
   else if (o + 16 < cap)
     snprintf(msg + o, cap - o, " [where: unknown, the store did not answer within %d ms]",
              bound);
+  const int done = f->cmp_done;
   pthread_mutex_unlock(&f->mu);
+  if (done) { /* it only returns now: join it here, so a program that exits after
+               * the failure without freeing the group leaves no thread behind */
+    pthread_join(f->thr, NULL);
+    f->thr_started = 0;
+  }
 }
 
 static double ms_of(const dg__flight *f, int64_t t) { return t ? (double)(t - f->t0) / 1e6 : -1; }
