@@ -26,11 +26,16 @@ static dg_algo parse_algo(const char *s) {
   return DG_ALGO_AUTO;
 }
 
+#define WARMUP 40 /* barrier + allreduce each */
+
 static void run(dg_pg *pg, const char *algo, size_t bytes, int iters, float *buf) {
   size_t n = bytes / 4;
   dg_pg_set_algo(pg, parse_algo(algo));
   double *t = malloc(sizeof *t * (size_t)iters);
-  for (int i = -2; i < iters; i++) {
+  /* warm-up: past the group's first 64 collectives, whose fingerprints
+   * are checked across ranks (dg_pg_opts.check_colls), to time the steady
+   * state */
+  for (int i = -WARMUP; i < iters; i++) {
     for (size_t k = 0; k < n; k += 1024) buf[k] = 1.0f;
     dg_pg_barrier_sync(pg);
     double t0 = now_us();
