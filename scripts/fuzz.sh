@@ -8,6 +8,8 @@
 #   scripts/fuzz.sh --runs N [SECONDS]   each for N executions (at most SECONDS, default 86400)
 #   FUZZ_ONLY="fuzz_store fuzz_idx" scripts/fuzz.sh 30    some harnesses only
 #   FUZZ_JOBS=K                          K processes per harness (libFuzzer -fork)
+#   FUZZ_SEED=S                          libFuzzer's -seed (CI: a fixed one, so that its
+#                                        short runs try the same inputs every time)
 # New inputs go to build-fuzz/corpus/<harness>/ (not the repository's seed
 # corpus, fuzz/corpus/<harness>/, which is read): copy the ones worth keeping.
 set -euo pipefail
@@ -38,7 +40,8 @@ for n in $names; do
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     $dir/fuzz/$n $dir/corpus/$n fuzz/corpus/$n -max_total_time="$secs" -runs="$runs" \
     -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=$dir/artifacts/$n- \
-    ${FUZZ_JOBS:+-fork=$FUZZ_JOBS -ignore_crashes=0} >"$log" 2>&1 || rc=$?
+    ${FUZZ_JOBS:+-fork=$FUZZ_JOBS -ignore_crashes=0} ${FUZZ_SEED:+-seed=$FUZZ_SEED} \
+    >"$log" 2>&1 || rc=$?
   t1=$(date +%s.%N)
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
   execs=${execs:-0}

@@ -105,7 +105,9 @@ int dg__kv_add(dg_kv *kv, const char *key, size_t klen, int64_t delta, int64_t *
     v = strtoll(tmp, &endp, 10);
     if (errno || *endp) return -EINVAL;
   }
-  v += delta;
+  /* two's-complement wrap, as torch's int64 counter does in practice: a
+   * client's huge delta must not be undefined behaviour in the server */
+  v = (int64_t)((uint64_t)v + (uint64_t)delta);
   char s[32];
   int n = snprintf(s, sizeof s, "%lld", (long long)v);
   if (dg__kv_set(kv, key, klen, s, (size_t)n) < 0) return -ENOMEM;
