@@ -137,43 +137,40 @@ int dg_pg_barrier(dg_pg *pg, dg_work **w) {
   return dg__work_post(pg, k, run_barrier, w);
 }
 
-/* The _sync wrappers' caller waits at once: it runs the work itself. */
-int dg_pg_allreduce_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op) {
-  dg_work *w = NULL;
-  dg__work_caller_runs(1);
-  int rc = dg_pg_allreduce(pg, buf, count, dt, op, &w);
+/* The _sync wrappers' caller waits at once: it runs the work itself
+ * (caller_runs around the post), then waits and frees. The post's code is
+ * taken first: it sets w, so it cannot be an argument beside w. */
+static int sync_end(int rc, dg_work *w) {
   dg__work_caller_runs(0);
   if (rc == DG_OK) rc = dg_work_wait(w, 0);
   dg_work_free(w);
   return rc;
+}
+
+int dg_pg_allreduce_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, dg_redop op) {
+  dg_work *w = NULL;
+  dg__work_caller_runs(1);
+  int rc = dg_pg_allreduce(pg, buf, count, dt, op, &w);
+  return sync_end(rc, w);
 }
 
 int dg_pg_broadcast_sync(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int root) {
   dg_work *w = NULL;
   dg__work_caller_runs(1);
   int rc = dg_pg_broadcast(pg, buf, count, dt, root, &w);
-  dg__work_caller_runs(0);
-  if (rc == DG_OK) rc = dg_work_wait(w, 0);
-  dg_work_free(w);
-  return rc;
+  return sync_end(rc, w);
 }
 
 int dg_pg_allgather_sync(dg_pg *pg, const void *in, void *out, size_t count, dg_dtype dt) {
   dg_work *w = NULL;
   dg__work_caller_runs(1);
   int rc = dg_pg_allgather(pg, in, out, count, dt, &w);
-  dg__work_caller_runs(0);
-  if (rc == DG_OK) rc = dg_work_wait(w, 0);
-  dg_work_free(w);
-  return rc;
+  return sync_end(rc, w);
 }
 
 int dg_pg_barrier_sync(dg_pg *pg) {
   dg_work *w = NULL;
   dg__work_caller_runs(1);
   int rc = dg_pg_barrier(pg, &w);
-  dg__work_caller_runs(0);
-  if (rc == DG_OK) rc = dg_work_wait(w, 0);
-  dg_work_free(w);
-  return rc;
+  return sync_end(rc, w);
 }

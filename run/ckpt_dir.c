@@ -107,17 +107,18 @@ int dg_checkpoint_dir_save(const char *dir, const dg_checkpoint *c, int keep, ch
 }
 
 /* The newest complete checkpoint of dir at or below step limit: *step, or
- * -1 when none; *any = 1 when dir holds checkpoint names at all. */
-static int newest_complete(const char *dir, int64_t limit, int64_t *step, int *any, char *err,
+ * -1 when none (each file skipped is logged); *nfiles: the checkpoint
+ * names dir holds. DG_ENOTFOUND (err set) when dir does not exist. */
+static int newest_complete(const char *dir, int64_t limit, int64_t *step, int *nfiles, char *err,
                            size_t errcap) {
   int64_t *steps;
   int n, rc = list_steps(dir, &steps, &n, err, errcap);
-  *step = -1, *any = n > 0;
-  if (rc == DG_ENOTFOUND) return DG_OK;
+  *step = -1, *nfiles = n;
   char p[4096], why[512];
   for (int k = 0; !rc && k < n && *step < 0; k++) {
     if (steps[k] > limit || step_path(dir, steps[k], p, sizeof p)) continue;
-    if (dg_checkpoint_verify(p, why, sizeof why)) DG_LOGW("checkpoint dir %s: skipping %s", dir, why);
+    if (dg_checkpoint_verify(p, why, sizeof why)) /* why names the file */
+      DG_LOGW("checkpoint dir %s: skipping %s", dir, why);
     else *step = steps[k];
   }
   dg__free(steps);
@@ -133,8 +134,12 @@ static int group_min(dg_pg *pg, int64_t *v, size_t n, char *err, size_t errcap) 
 
 /* Phase 1: the newest step every rank has, or -1 for a first start. */
 static int common_step(const char *dir, dg_pg *pg, int64_t *m, char *err, size_t errcap) {
-  int any, rc = newest_complete(dir, INT64_MAX, m, &any, err, errcap);
-  int64_t v[3] = {rc ? -2 : *m, rc ? 0 : -*m, rc ? -1 : -any}; /* min, -max, -any files */
+  int nfiles, rc = newest_complete(dir, INT64_MAX, m, &nfiles, err, errcap);
+  if (rc == DG_ENOTFOUND) { /* no directory: no checkpoint here */
+    rc = DG_OK;
+    if (err && errcap) err[0] = 0;
+  }
+  int64_t v[3] = {rc ? -2 : *m, rc ? 0 : -*m, rc ? -1 : -(nfiles > 0)}; /* min, -max, -any */
   int g = group_min(pg, v, 3, err, errcap);
   if (g) return g;
   if (v[0] == -2)
@@ -168,11 +173,11 @@ int dg_checkpoint_dir_resume_group(const char *dir, dg_checkpoint *c, dg_pg *pg,
     return dg__fail_msg(err, errcap, DG_EINVAL, "checkpoint dir resume group: NULL dir, "
                         "checkpoint, group or resumed");
   int64_t m, have;
-  int any, rc = common_step(dir, pg, &m, err, errcap);
+  int nfiles, rc = common_step(dir, pg, &m, err, errcap);
   if (rc || m < 0) return rc;
   /* Phase 2: every rank holds step m complete (a rank killed while saving
    * the newest has an older one; the others must still keep it). */
-  if (newest_complete(dir, m, &have, &any, err, errcap)) have = -1;
+  if (newest_complete(dir, m, &have, &nfiles, err, errcap)) have = -1;
   int64_t ok = have == m;
   if ((rc = group_min(pg, &ok, 1, err, errcap))) return rc;
   if (!ok)
@@ -201,33 +206,22 @@ int dg_checkpoint_dir_latest(const char *dir, char *path, size_t cap, int64_t *s
   if (!dir || !path || !cap)
     return dg__fail_msg(err, errcap, DG_EINVAL, "checkpoint dir latest: NULL dir or path");
   path[0] = 0;
-  int64_t *steps;
-  int n, rc = list_steps(dir, &steps, &n, err, errcap);
+  int64_t s;
+  int n, rc = newest_complete(dir, INT64_MAX, &s, &n, err, errcap);
   if (rc) return rc;
-  char p[4096], why[512];
-  /* none at all is a first start; only broken ones is not */
-  rc = dg__fail_msg(err, errcap, n ? DG_EFORMAT : DG_ENOTFOUND, "checkpoint dir %s: no "
-                    "complete checkpoint among %d ckpt-<step>%s file(s)%s", dir, n, CKPT_SUFFIX,
-                    n ? " (each skipped is logged)" : "");
-  for (int k = 0; k < n; k++) {
-    if (step_path(dir, steps[k], p, sizeof p)) continue;
-    if (dg_checkpoint_verify(p, why, sizeof why)) {
-      DG_LOGW("checkpoint dir %s: skipping %s", dir, why); /* why names the file */
-      continue;
-    }
-    if ((size_t)snprintf(path, cap, "%s", p) >= cap) {
-      rc = dg__fail_msg(err, errcap, DG_EINVAL, "checkpoint dir: %s does not fit %zu bytes", p,
+  if (s < 0) /* none at all is a first start; only broken ones is not */
+    return dg__fail_msg(err, errcap, n ? DG_EFORMAT : DG_ENOTFOUND, "checkpoint dir %s: no "
+                        "complete checkpoint among %d ckpt-<step>%s file(s)%s", dir, n,
+                        CKPT_SUFFIX, n ? " (each skipped is logged)" : "");
+  char p[4096];
+  step_path(dir, s, p, sizeof p); /* it fitted when verified */
+  if ((size_t)snprintf(path, cap, "%s", p) >= cap) {
+    path[0] = 0;
+    return dg__fail_msg(err, errcap, DG_EINVAL, "checkpoint dir: %s does not fit %zu bytes", p,
                         cap);
-      path[0] = 0;
-    } else {
-      if (step) *step = steps[k];
-      rc = DG_OK;
-      if (err && errcap) err[0] = 0;
-    }
-    break;
   }
-  dg__free(steps);
-  return rc;
+  if (step) *step = s;
+  return DG_OK;
 }
 
 int dg_checkpoint_dir_resume(const char *dir, dg_checkpoint *c, int *resumed, char *path,

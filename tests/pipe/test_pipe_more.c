@@ -14,17 +14,12 @@
  *   GPipe and 1F1B: equal to one process on the whole batch, with the
  *   gradient norm clipped over the whole model.
  *   test_pipe_more */
-#include "dgrad/pipe.h"
-#include "tests/ddp/ddp_util.h"
 
 #define B 16
 #define IN 8
 #define NCLS 4
 
-/* l by address: the call that sets it is an argument too */
-static void add(dg_module *seq, int rc, dg_module **l) {
-  REQUIRE(rc == DG_OK && dg_sequential_add(seq, *l, NULL) == DG_OK);
-}
+#include "tests/pipe/pipe_util.h"
 
 /* Linear 8-16, BatchNorm, Tanh, Linear 16-16, Dropout, Tanh, Linear 16-4 */
 static dg_module *model(int bn, float drop) {
@@ -38,16 +33,6 @@ static dg_module *model(int bn, float drop) {
   add(seq, dg_nn_tanh(&l), &l);
   add(seq, dg_nn_linear(&l, 16, NCLS, 1), &l);
   return seq;
-}
-
-static dg_tensor *ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) {
-  if (user) ++*(int *)user; /* micro-batches seen */
-  return dg_cross_entropy(ctx, out, t);
-}
-
-static void batch(int step, float *x, int64_t *y) {
-  dg_rng_normal(7, (uint64_t)step * B * IN, x, B * IN);
-  for (int i = 0; i < B; i++) y[i] = (i * 5 + step) % NCLS;
 }
 
 static double max_rel(dg_params *a, dg_params *b) {

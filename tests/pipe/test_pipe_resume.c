@@ -14,13 +14,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "dgrad/pipe.h"
 #include "dgrad/run.h"
-#include "tests/ddp/ddp_util.h"
 
 #define B 16
 #define IN 8
 #define NCLS 4
+
+#include "tests/pipe/pipe_util.h"
+
 #define N 12 /* steps of a whole run */
 
 static char tmp[256]; /* the run's directory, made before the ranks fork */
@@ -31,10 +32,6 @@ typedef struct {
   int dead_save;  /* the step at whose save stage 1 "dies" (0: none) */
   const char *dir, *log;
 } scenario;
-
-static void add(dg_module *seq, int rc, dg_module **l) {
-  REQUIRE(rc == DG_OK && dg_sequential_add(seq, *l, NULL) == DG_OK);
-}
 
 /* Linear 8-16, Tanh, Dropout 0.2 | Linear 16-16, Tanh, Linear 16-4 */
 static dg_module *model(void) {
@@ -47,16 +44,6 @@ static dg_module *model(void) {
   add(seq, dg_nn_tanh(&l), &l);
   add(seq, dg_nn_linear(&l, 16, NCLS, 1), &l);
   return seq;
-}
-
-static dg_tensor *ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) {
-  (void)user;
-  return dg_cross_entropy(ctx, out, t);
-}
-
-static void batch(int64_t step, float *x, int64_t *y) {
-  dg_rng_normal(7, (uint64_t)step * B * IN, x, B * IN);
-  for (int i = 0; i < B; i++) y[i] = (i * 5 + step) % NCLS;
 }
 
 static void stage_dir(char *out, size_t cap, const char *dir, int r) {
