@@ -45,13 +45,17 @@ dg_ddp_opts dg_ddp_defaults(void) {
  * segment, in bucket 0's all-reduce (built-in hooks: no extra collective
  * per step), else as a separate tiny all-reduce posted at the first
  * grad-ready hook so that it overlaps backward. */
-static void begin_round(dg_ddp *d, int32_t have) {
+static void reset_buckets(dg_ddp *d) {
   for (int k = 0; k < d->nb; k++) {
     dg__ddp_bucket *b = &d->b[k];
     b->pending = b->nparams;
     b->started = b->finished = b->applied = 0;
   }
   d->next_start = 0;
+}
+
+static void begin_round(dg_ddp *d, int32_t have) {
+  reset_buckets(d);
   d->has_data = have;
   d->active = -1;
   d->accum_div = 1;
@@ -84,7 +88,8 @@ static void on_ready(void *user, dg_params *ps, int i, int reached) {
   if (ps != d->ps) return;
   begin_step(d);
   if (!d->order_done && d->norder < d->nparams) d->order[d->norder++] = i;
-  if (!d->syncing || d->opts.no_overlap || d->err || d->world == 1) return;
+  if (!d->syncing || d->opts.no_overlap || d->err || d->world == 1 || dg__ddp_layout_due(d))
+    return;
   int k = d->pbucket[i];
   if (k < 0 || --d->b[k].pending > 0) {
     if (d->red->progress) d->red->progress(d); /* a look between buckets */
@@ -122,10 +127,25 @@ int dg__ddp_finish_round(dg_ddp *d) {
     for (int k = 0; k < d->nb; k++) d->b[k].finished = 1;
     return d->err;
   }
+  int rc = dg__ddp_first_layout(d);
   dg__ddp_start_rest(d);
-  int rc = dg__ddp_finish_all(d);
-  if (!rc && !d->rebuilt && !d->opts.static_buckets) rc = dg__ddp_rebuild(d);
+  if (!rc) rc = dg__ddp_finish_all(d);
   return rc ? rc : d->err;
+}
+
+int dg__ddp_layout_due(const dg_ddp *d) { return !d->rebuilt && !d->opts.static_buckets; }
+
+/* The first synchronising round lays the buckets out in the ready order
+ * before any of them starts (it has no overlap), so every round sums each
+ * element in the same order: a run resumed from a checkpoint, whose first
+ * round would otherwise use the initial layout, stays bit-exact over a
+ * ring, where the layout decides the order. Joined ranks do it at the same
+ * point of their shadow round (dg_ddp_join). */
+int dg__ddp_first_layout(dg_ddp *d) {
+  if (!dg__ddp_layout_due(d) || d->world == 1) return DG_OK;
+  int rc = dg__ddp_rebuild(d);
+  if (!rc) reset_buckets(d);
+  return rc;
 }
 
 static int on_end(void *user, dg_ctx *ctx) {
@@ -304,6 +324,7 @@ int dg_ddp_join(dg_ddp *d) {
   uint64_t tr0 = dg__trace_t0();
   while (!d->err) {
     begin_round(d, 0);
+    if (dg__ddp_first_layout(d)) break;
     if (d->piggy) { /* the count comes with the (zero) buckets */
       dg_params_zero_grad(d->ps); /* shadow step: this rank contributes zeros */
       (void)dg_params_grad(d->ps, NULL); /* materialise the lazy zeros */

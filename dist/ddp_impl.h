@@ -84,6 +84,10 @@ int dg__ddp_build_buckets(dg_ddp *d, int ascending);
 /* Broadcasts rank 0's ready order, re-lays the store out in it and rebuilds
  * the buckets (ascending). Collective. */
 int dg__ddp_rebuild(dg_ddp *d);
+/* 1 while the first synchronising round has not laid the buckets out yet;
+ * dg__ddp_first_layout does it (before any bucket starts). */
+int dg__ddp_layout_due(const dg_ddp *d);
+int dg__ddp_first_layout(dg_ddp *d);
 /* Starts bucket k (hook start); records a failure. */
 void dg__ddp_start_bucket(dg_ddp *d, int k);
 /* Starts every bucket not started yet, in order. */

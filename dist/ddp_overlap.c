@@ -62,9 +62,9 @@ int dg__ddp_defer_step(dg_ddp *d) {
                         "it was created", d->rank);
   }
   d->pend_lr = dg_optim_lr(d->opt); /* a schedule may set the next rate before the update lands */
-  if (d->world == 1 || (!d->rebuilt && !d->opts.static_buckets)) {
+  if (d->world == 1 || dg__ddp_layout_due(d)) {
     /* one rank has nothing to wait for; the first step re-lays the store
-     * out (the rebuild), so its buckets must be final first */
+     * out (the rebuild) before its buckets start: no overlap to gain */
     if ((rc = dg__ddp_finish_round(d))) return rc;
     for (int k = 0; k < d->nb; k++) apply(d, k);
     d->zero_due = 1;

@@ -348,7 +348,9 @@ static void shm_begin_round(dg_ddp *d, int32_t have) {
    * ahead, and it cannot begin the round after that before this rank has
    * read this round's counts */
   __atomic_store_n(&count_of(s, s->rank)[s->gen & 1], have, __ATOMIC_RELEASE);
-  if (!s->engine_thread) return;
+  /* the first round re-lays the buckets out before any starts: no engine
+   * may read the layout meanwhile (the waits do the blocks) */
+  if (!s->engine_thread || dg__ddp_layout_due(d)) return;
   int rc = dg__pg_post_task(d->pg, "DDP gradient averaging", engine_run, s, &s->engine);
   if (rc) dg__ddp_fail(d, rc, "ddp: rank %d: posting the gradient averaging failed: %s",
                        d->rank, dg_pg_errmsg(d->pg));

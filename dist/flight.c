@@ -413,12 +413,12 @@ done:
 }
 
 /* Publishes this rank's position, reads the others' for a bounded time
- * (a quarter of the group's timeout, 100 ms to 1 s; a rank known gone
+ * (an eighth of the group's timeout, 100 ms to 1 s; a rank known gone
  * only if its position is there already) and appends the summary to msg.
  * A stopped store host (it may be the rank that stalls) would hold a SET
  * for the store's own timeout: a WAIT, which takes our deadline, on the
  * key this rank published at rendezvous asks first whether it answers. */
-static int bound_ms(const dg_pg *pg) { return DG_MAX(100, DG_MIN(pg->timeout_ms / 4, 1000)); }
+static int bound_ms(const dg_pg *pg) { return DG_MAX(100, DG_MIN(pg->timeout_ms / 8, 1000)); }
 
 /* The comparison's thread: f->sum gets the summary (empty: none). */
 static void *compare_main(void *arg) {
@@ -455,8 +455,8 @@ out:
 }
 
 /* Publishes this rank's position and reads the others' (a rank known gone
- * only if its position is there already) in a thread, for at most a
- * quarter of the group's timeout, 100 ms to 1 s, and appends the summary
+ * only if its position is there already) in a thread, for at most an
+ * eighth of the group's timeout, 100 ms to 1 s, and appends the summary
  * to msg. A stopped store host (maybe the rank that stalls) would hold a
  * store call for the store's own timeout: the thread's first call, a WAIT
  * on this rank's rendezvous key, gives up at the bound, and when even its

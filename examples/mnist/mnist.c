@@ -290,13 +290,6 @@ static int trainer_init(trainer *t) {
   const char *e = getenv("DG_DDP_SHM_INLINE");
   if (e && (*e == '0' || *e == '1')) dopt.engine_thread = *e == '1' ? -1 : 1;
   dopt.accum_steps = t->accum; /* DDP divides by it */
-  /* One bucket layout for the whole run. DDP otherwise re-lays its buckets
-   * out after the first step of each start, so a resumed run's first step
-   * would sum each gradient element in another order than the uninterrupted
-   * run's on a ring between hosts (last-bit differences; within one host
-   * the shared-memory average is in rank order whatever the layout). With
-   * the layout kept, a stop and restart is bit-exact on any topology. */
-  dopt.static_buckets = 1;
   char err[512];
   if (t->pg && (rc = dg_ddp_new(&t->ddp, t->ctx, t->ps, t->pg, &dopt, err, sizeof err))) {
     fprintf(stderr, "mnist: ddp: %s\n", err);

@@ -28,10 +28,13 @@
  * would overflow a non-empty bucket starts the next one, so a parameter larger
  * than the cap gets a bucket of its own), in reverse registration order. A bucket is a contiguous slice of the store's
  * flat gradient buffer: gradients are views into bucket memory and nothing is
- * copied. At the end of the first synchronising backward the store is re-laid
- * out (dg_params_relayout) in the order gradients became ready on rank 0 and
- * the buckets are rebuilt from it, so a bucket's gradients finish together.
- * After that backward, parameter offsets have changed: re-read
+ * copied. At the end of the first synchronising backward, before any bucket's
+ * all-reduce starts (that backward has no overlap), the store is re-laid out
+ * (dg_params_relayout) in the order gradients became ready on rank 0 and the
+ * buckets are rebuilt from it, so a bucket's gradients finish together and
+ * every step, the first included, sums each element in the same order (a
+ * resumed run stays bit-exact). After that backward, parameter offsets have
+ * changed: re-read
  * dg_tensor_data / dg_params_offset rather than keeping raw pointers across
  * it (tensor handles stay valid; optimizer state moves along).
  *
@@ -146,8 +149,9 @@ typedef struct {
  * dg_backward reports it. release frees *pending when finish will not be
  * called (an earlier failure); it may be NULL when start allocates nothing.
  * All ranks must install the same hook (its name takes part in the check of
- * dg_ddp_new). Buckets may change size once (the rebuild after the first
- * synchronising step): key per-bucket buffers by index and size.
+ * dg_ddp_new). Buckets may change size once (the rebuild in the first
+ * synchronising step, before its buckets start): key per-bucket buffers by
+ * index and size.
  *
  * The built-in hooks: plain f32 all-reduce (DG_DDP_COMM_F32, the default;
  * average in the collective, no extra pass when scale is 1/world), and

@@ -50,9 +50,9 @@ def dgrun_cmd(dgrun, exe, w, args, restarts=0):
             str(restarts), "--", exe] + args
 
 
-def run(cmd):
+def run(cmd, env=None):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=240)
+                       timeout=240, env=dict(os.environ, **(env or {})))
     return p.returncode, p.stdout
 
 
@@ -69,11 +69,12 @@ def rank_pids(pid):
         return [int(x) for x in f.read().split()]
 
 
-def stop_run(cmd, log0, after, target):
+def stop_run(cmd, log0, after, target, env=None):
     """Starts cmd, waits until log0 holds `after` steps, sends SIGTERM to
     `target` ("dgrun" or a local rank index); returns (rc, output, ms from
     the signal to dgrun's exit)."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ, **(env or {})))
     t_end = time.time() + 120
     while len(lines(log0)) < after and p.poll() is None and time.time() < t_end:
         time.sleep(0.01)
@@ -86,23 +87,27 @@ def stop_run(cmd, log0, after, target):
     return p.returncode, out, (time.time() - t0) * 1e3
 
 
-def uninterrupted(exe, dgrun, tmp, w, batch=8, extra=()):
-    log = os.path.join(tmp, "full_w%d_b%d%s.log" % (w, batch, "".join(extra)))
+def env_tag(env):
+    return "".join("_%s%s" % kv for kv in sorted((env or {}).items()))
+
+
+def uninterrupted(exe, dgrun, tmp, w, batch=8, extra=(), env=None):
+    log = os.path.join(tmp, "full_w%d_b%d%s%s.log" % (w, batch, "".join(extra), env_tag(env)))
     if not lines(rank_log(log, w, 0)):
         rc, out = run(dgrun_cmd(dgrun, exe, w, common(tmp, batch) + list(extra) +
-                                ["--loss-log", log]))
+                                ["--loss-log", log]), env)
         if rc:
             fail("uninterrupted W=%d: exit %d\n%s" % (w, rc, out))
     return log
 
 
-def stop_and_resume(exe, dgrun, tmp, w, target, extra=()):
-    ref = uninterrupted(exe, dgrun, tmp, w, extra=extra)
-    tag = "stop_w%d_%s%s" % (w, target, "".join(extra))
+def stop_and_resume(exe, dgrun, tmp, w, target, extra=(), env=None):
+    ref = uninterrupted(exe, dgrun, tmp, w, extra=extra, env=env)
+    tag = "stop_w%d_%s%s%s" % (w, target, "".join(extra), env_tag(env))
     d, log = os.path.join(tmp, tag), os.path.join(tmp, tag + ".log")
     args = common(tmp) + list(extra) + ["--checkpoint-dir", d, "--loss-log", log]
     rc, out, ms = stop_run(dgrun_cmd(dgrun, exe, w, args + ["--throttle-ms", "25"]),
-                           rank_log(log, w, 0), 15, target)
+                           rank_log(log, w, 0), 15, target, env)
     want_rc = 143 if target == "dgrun" else 0
     stopped = [int(x.split()[-5]) for x in out.split("\n") if "stopped by signal 15" in x]
     if rc != want_rc or len(stopped) != w or len(set(stopped)) != 1:
@@ -110,7 +115,7 @@ def stop_and_resume(exe, dgrun, tmp, w, target, extra=()):
         return
     print("ok %s: all %d ranks stopped after step %d and exited 0, %.0f ms after SIGTERM "
           "(dgrun %d)" % (tag, w, stopped[0], ms, rc))
-    rc, out = run(dgrun_cmd(dgrun, exe, w, args))
+    rc, out = run(dgrun_cmd(dgrun, exe, w, args), env)
     if rc or "resumed from %s/ckpt-%012d.safetensors: step %d" % (d, stopped[0], stopped[0]) \
             not in out:
         fail("%s: the restart did not resume from step %d (exit %d)\n%s"
@@ -204,6 +209,10 @@ def main():
         make_data(tmp)
         stop_and_resume(exe, dgrun, tmp, 4, 2)
         stop_and_resume(exe, dgrun, tmp, 2, "dgrun")
+        # 3 ranks over TCP (as between hosts): each element's summation order
+        # follows the bucket layout, so a resumed first step must use the
+        # layout the uninterrupted run had at that step
+        stop_and_resume(exe, dgrun, tmp, 3, 1, env={"DG_SHM": "0"})
         # gradient accumulation (2 micro-batches of 4 rows per step), on one
         # process and on 2 ranks: the micro-batch position resumes exactly
         stop_and_resume(exe, dgrun, tmp, 1, 0, ["--accum", "2"])

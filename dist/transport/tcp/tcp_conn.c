@@ -311,6 +311,21 @@ static int pair_event(const dg_xport_opts *o, int i, conn_t *p, int tok, char *e
 
 /* Step 3b: finish every dial and accept (and handshake), all at once,
  * until the deadline. */
+/* Data unacknowledged for half the timeout fails the connection: over a
+ * cut link the ranks behind it are named, not a rank waiting too. A rank
+ * that only receives sends nothing to go unacknowledged, so idle pairs send
+ * keepalive probes after a quarter of the timeout (whole seconds, at least
+ * 1); with the user timeout set, the kernel fails the connection once a
+ * probe has gone unanswered past it. A stopped or busy peer's kernel still
+ * answers probes: only a dead link or host fails them. */
+static void set_liveness(int fd, int timeout_ms) {
+  int uto = timeout_ms / 2, on = 1, idle = DG_MAX(1, timeout_ms / 4000), intvl = 1;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
+  (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+}
+
 static int finish_pairs(const dg_xport_opts *o, conn_t *c, int64_t deadline, char *err,
                         size_t cap) {
   int W = o->size, tok = o->auth_token && *o->auth_token;
@@ -370,10 +385,7 @@ int dg__tcp_rendezvous(dg_tcp_xport *x, const dg_xport_opts *o, char *err, size_
       x->pairs[i].fd = c[i].fd;
       x->pairs[i].dgrad = c[i].dgrad;
       dg__set_nodelay(c[i].fd);
-      /* data unacknowledged for half the timeout fails the connection: over
-       * a cut link the ranks behind it are named, not a rank waiting too */
-      int uto = o->timeout_ms / 2;
-      (void)setsockopt(c[i].fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
+      set_liveness(c[i].fd, o->timeout_ms);
       dg__addr_str(&c[i].peer, x->pairs[i].addr, sizeof x->pairs[i].addr);
     } else if (c[i].fd >= 0) {
       close(c[i].fd);
