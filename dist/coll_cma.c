@@ -36,9 +36,20 @@ static int read_peer(pid_t pid, void *dst, uint64_t src, size_t n) {
   return 0;
 }
 
+int dg__host_id(const dg_pg *pg, char *out, size_t cap) {
+  if (pg->host_id[0]) {
+    snprintf(out, cap, "%s", pg->host_id);
+    return 1;
+  }
+  out[0] = '\0';
+  gethostname(out, cap - 1);
+  out[cap - 1] = '\0';
+  return 0;
+}
+
 int dg__cma_setup(dg_pg *pg, const uint64_t *probe, const char *const *hosts) {
-  char me[256] = "";
-  gethostname(me, sizeof me - 1);
+  char me[256];
+  dg__host_id(pg, me, sizeof me);
   /* ok[0]: cross-memory attach works both ways; ok[1]: all on this host */
   int32_t ok[2] = {1, 1};
   for (int p = 0; p < pg->size && ok[1]; p++) {

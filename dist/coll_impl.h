@@ -20,6 +20,14 @@ int dg__allreduce_direct(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_re
 int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_dtype dt,
                        dg_redop op);
 
+/* dgrad-only allreduce choice: latency-bound up to this many bytes. */
+#define DG_SMALL_BYTES (64u << 10)
+
+/* coll_cma.c: this rank's host identity (what tells hosts apart):
+ * opts.host_id when set (returns 1; DG_HOST_ID: several "hosts" on one
+ * machine), else the host name (returns 0). */
+int dg__host_id(const dg_pg *pg, char *out, size_t cap);
+
 /* coll_cma.c: cross-memory attach between ranks on one host. */
 int dg__allreduce_cma(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
 /* The word whose address a rank publishes for peers to probe. */
@@ -27,6 +35,10 @@ const uint64_t *dg__cma_probe(void);
 /* Agrees on cross-memory attach and the shared segment at init (every rank
  * probed every peer). */
 int dg__cma_setup(dg_pg *pg, const uint64_t *probe_addr, const char *const *hosts);
+
+/* coll_hier.c: a group over several hosts (pg->hier): allreduce inside
+ * each host, then between hosts by shard, then back inside each host. */
+int dg__allreduce_hier(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
 
 /* coll_shm.c: allreduce through a segment shared by all ranks on a host. */
 int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);

@@ -189,6 +189,24 @@ static int make_stores(dg_pg *pg, dg_store *base, const char *group) {
 static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_storage *bind,
                              check_ctx *cc, char *err, size_t cap);
 
+/* This rank's host identity: opts.host_id [DG_HOST_ID] (said at INFO: it decides which
+ * ranks share memory and how the hierarchical allreduce is laid out) or
+ * the host name. One word: it travels in "dgrad_host/<r>". */
+static int host_id(dg_pg *pg, char *host, size_t cap, char *err, size_t ecap) {
+  if (!dg__host_id(pg, host, cap)) return DG_OK;
+  char real[256] = "";
+  gethostname(real, sizeof real - 1);
+  for (const char *p = host; *p; p++)
+    if (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+      return dg__fail_msg(err, ecap, DG_EINVAL, "rank %d: host identity \"%.64s\" "
+                          "(opts.host_id, DG_HOST_ID) holds whitespace: it must be one word",
+                          pg->rank, host);
+  DG_LOGI("dist: rank %d: host identity \"%s\" from opts.host_id / DG_HOST_ID (the host "
+          "name is \"%s\"): ranks with the same identity count as one host (shared memory, "
+          "hierarchical allreduce)", pg->rank, host, real);
+  return DG_OK;
+}
+
 /* "dgrad_info/<r>" (version, world size) and "dgrad_host/<r>" (host, pid,
  * probe): what tells dgrad peers apart from torch and libgloo ones. */
 static int publish_self(dg_pg *pg, char *err, size_t cap) {
@@ -198,8 +216,8 @@ static int publish_self(dg_pg *pg, char *err, size_t cap) {
   int rc = dg_store_set(pg->k_grp, key, info, strlen(info));
   if (rc != DG_OK)
     return dg__fail_msg(err, cap, rc, "publishing version: %s", dg_store_errmsg(pg->k_grp));
-  char hv[512], host[256] = "";
-  gethostname(host, sizeof host - 1);
+  char hv[512], host[256];
+  if ((rc = host_id(pg, host, sizeof host, err, cap)) != DG_OK) return rc;
   snprintf(key, sizeof key, "dgrad_host/%d", pg->rank);
   snprintf(hv, sizeof hv, "%s %d %llx", host, (int)getpid(),
            (unsigned long long)(uintptr_t)dg__cma_probe());
@@ -241,6 +259,14 @@ static int finish_rdzv(dg_pg *pg, const check_ctx *cc, char *err, size_t cap) {
   return rc;
 }
 
+/* The hierarchy over several hosts (pg_hier.c), from every rank's host. */
+static int hier_setup(dg_pg *pg, check_ctx *cc, char *err, size_t cap) {
+  char me[256];
+  dg__host_id(pg, me, sizeof me);
+  if (!(cc->hosts[pg->rank] = dg__strdup(me))) return DG_ENOMEM;
+  return dg__hier_setup(pg, (const char *const *)cc->hosts, err, cap);
+}
+
 static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) {
   struct sockaddr_storage bind;
   int rc = pick_addr(o, &bind, err, cap);
@@ -253,6 +279,7 @@ static int connect_group(dg_pg *pg, const dg_pg_opts *o, char *err, size_t cap) 
   pg->pids = dg__calloc(W, sizeof(int));
   if (!cc.hosts || !cc.probe || !cc.dgrad || !pg->pids) rc = DG_ENOMEM;
   if (rc == DG_OK) rc = connect_transport(pg, o, &bind, &cc, err, cap);
+  if (rc == DG_OK && pg->all_dgrad) rc = hier_setup(pg, &cc, err, cap);
   if (rc == DG_OK && pg->torch_rdzv) rc = store_barrier(pg, err, cap);
   if (rc == DG_OK && pg->torch_rdzv) rc = dg__pg_seq_handshake(pg, 0, err, cap);
   if (rc == DG_OK && pg->own_store) rc = finish_rdzv(pg, &cc, err, cap);
@@ -308,6 +335,7 @@ static int connect_transport(dg_pg *pg, const dg_pg_opts *o, struct sockaddr_sto
  * the transport close first. */
 static void pg_destroy(dg_pg *pg, int drain_ms, int quiet_ms) {
   dg__pg_stop_worker(pg);
+  dg__hier_free(pg); /* its internal groups run on the transport */
   if (pg->x) pg->x->vt->destroy(pg->x);
   dg__free(pg->scratch);
   dg__free(pg->tmp);
@@ -385,6 +413,7 @@ static dg_pg *pg_alloc(const dg_pg_opts *o, dg_store *own) {
   pg->torch_rdzv = o->rendezvous != DG_RDZV_GLOO;
   pg->no_shm = o->no_shm;
   pg->spin_us = o->spin_us;
+  if (o->host_id) snprintf(pg->host_id, sizeof pg->host_id, "%s", o->host_id);
   if (o->link) pg->link = *o->link;
   if (!(pg->flight = dg__flight_new(o->world_size, o->flight_records, o->check_colls,
                                     o->flight_dir))) {
@@ -408,6 +437,11 @@ static int new_pg(dg_pg **out, const dg_pg_opts *o, dg_store *own, char *err, si
     return dg__fail_msg(err, cap, DG_EINVAL, "dg_pg_new: need a store, 0 <= rank < world_size");
   }
   *out = NULL;
+  if (o->host_id && strlen(o->host_id) >= sizeof ((dg_pg *)0)->host_id) {
+    dg_store_free(own);
+    return dg__fail_msg(err, cap, DG_EINVAL, "dg_pg_new: host identity (opts.host_id, "
+                        "DG_HOST_ID) longer than %zu bytes", sizeof ((dg_pg *)0)->host_id - 1);
+  }
   dg_pg *pg = pg_alloc(o, own);
   if (!pg) {
     dg_store_free(own);
@@ -572,6 +606,7 @@ int dg_pg_opts_from_env(dg_pg_opts *o) {
   if (!o->spin_us && (v = getenv("DG_SPIN_US")) && *v) o->spin_us = atoi(v) > 0 ? atoi(v) : -1;
   if (!o->auth_token && (v = getenv("DG_AUTH_TOKEN")) && *v) o->auth_token = v;
   if (!o->flight_dir && (v = getenv("DG_FLIGHT_DIR")) && *v) o->flight_dir = v;
+  if (!o->host_id && (v = getenv("DG_HOST_ID")) && *v) o->host_id = v;
   return DG_OK;
 }
 
@@ -597,10 +632,11 @@ const char *dg_pg_errmsg(const dg_pg *pg) {
 }
 
 int dg_pg_set_algo(dg_pg *pg, dg_algo algo) {
-  if (!pg || algo < DG_ALGO_AUTO || algo > DG_ALGO_SHM) return DG_EINVAL;
+  if (!pg || algo < DG_ALGO_AUTO || algo > DG_ALGO_HIER) return DG_EINVAL;
   if (!pg->all_dgrad && algo != DG_ALGO_AUTO && algo != DG_ALGO_RING) return DG_EUNSUPPORTED;
   if (algo == DG_ALGO_CMA && !pg->cma) return DG_EUNSUPPORTED;
   if (algo == DG_ALGO_SHM && !pg->shm) return DG_EUNSUPPORTED;
+  if (algo == DG_ALGO_HIER && !pg->hier) return DG_EUNSUPPORTED;
   pthread_mutex_lock(&pg->mu);
   pg->algo = algo;
   pthread_mutex_unlock(&pg->mu);

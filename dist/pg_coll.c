@@ -8,34 +8,51 @@
 #include "dist/coll_impl.h"
 #include "base/common_impl.h"
 
-/* dgrad-only allreduce choice: latency-bound below this many bytes. */
-#define SMALL_BYTES (64u << 10)
-
 static uint64_t slot_of(int prefix, uint32_t tag) {
   return ((uint64_t)prefix << 56) | ((uint64_t)tag << 24);
+}
+
+/* The algorithm an allreduce of `bytes` runs with algorithm `a` asked. */
+static dg_algo choose(const dg_pg *pg, dg_algo a, size_t bytes) {
+  if (!pg->all_dgrad) return DG_ALGO_RING;
+  /* Over TCP alone, Gloo's ring (two segments in flight) beats moving all
+   * blocks at once on loopback; across hosts DIRECT can be forced. Over
+   * several hosts whose ranks share memory, the hierarchy moves each byte
+   * over the network once per host instead of once per rank. */
+  if (a == DG_ALGO_AUTO)
+    a = pg->shm                    ? DG_ALGO_SHM
+        : pg->hier == 2            ? DG_ALGO_HIER
+        : bytes <= DG_SMALL_BYTES  ? DG_ALGO_HALVING_DOUBLING
+        : pg->cma                  ? DG_ALGO_CMA
+                                   : DG_ALGO_RING;
+  /* a forced algorithm the group lost (none: dg_pg_set_algo refused it) */
+  if ((a == DG_ALGO_SHM && !pg->shm) || (a == DG_ALGO_CMA && !pg->cma) ||
+      (a == DG_ALGO_HIER && !pg->hier))
+    a = DG_ALGO_DIRECT;
+  return a;
+}
+
+dg_algo dg_pg_allreduce_algo(dg_pg *pg, size_t count, dg_dtype dt) {
+  if (!pg || (unsigned)dt >= DG_NDTYPES) return DG_ALGO_AUTO;
+  pthread_mutex_lock(&pg->mu);
+  dg_algo a = pg->algo;
+  pthread_mutex_unlock(&pg->mu);
+  return choose(pg, a, count * dg_dtype_size(dt));
 }
 
 static int run_allreduce(dg_coll *c, void *arg) {
   (void)arg;
   dg_work *w = c->w;
-  size_t bytes = w->count * dg_dtype_size(w->dt);
-  dg_algo a = w->algo;
-  if (!c->pg->all_dgrad) a = DG_ALGO_RING;
-  /* Over TCP alone, Gloo's ring (two segments in flight) beats moving all
-   * blocks at once on loopback; across hosts DIRECT can be forced. */
-  if (a == DG_ALGO_AUTO)
-    a = c->pg->shm           ? DG_ALGO_SHM
-        : bytes <= SMALL_BYTES ? DG_ALGO_HALVING_DOUBLING
-        : c->pg->cma           ? DG_ALGO_CMA
-                               : DG_ALGO_RING;
+  dg_algo a = choose(c->pg, w->algo, w->count * dg_dtype_size(w->dt));
   c->slot = slot_of(DG_SLOT_ALLREDUCE, w->tag);
   c->eager = a != DG_ALGO_RING;
   int rc;
   if (c->size == 1 || w->count == 0) rc = DG_OK;
   else if (a == DG_ALGO_RING) rc = dg__gloo_allreduce_ring(c, w->buf, w->count, w->dt, w->op);
   else if (a == DG_ALGO_HALVING_DOUBLING) rc = dg__allreduce_rd(c, w->buf, w->count, w->dt, w->op);
-  else if (a == DG_ALGO_SHM && c->pg->shm) rc = dg__allreduce_shm(c, w->buf, w->count, w->dt, w->op);
-  else if (a == DG_ALGO_CMA && c->pg->cma) rc = dg__allreduce_cma(c, w->buf, w->count, w->dt, w->op);
+  else if (a == DG_ALGO_SHM) rc = dg__allreduce_shm(c, w->buf, w->count, w->dt, w->op);
+  else if (a == DG_ALGO_CMA) rc = dg__allreduce_cma(c, w->buf, w->count, w->dt, w->op);
+  else if (a == DG_ALGO_HIER) rc = dg__allreduce_hier(c, w->buf, w->count, w->dt, w->op);
   else rc = dg__allreduce_direct(c, w->buf, w->count, w->dt, w->op);
   if (rc == DG_OK && w->op == DG_RED_AVG && a != DG_ALGO_SHM) dg__scale_div(w->buf, w->count, w->dt, c->size);
   return rc;

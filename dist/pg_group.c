@@ -134,6 +134,7 @@ typedef struct {
   char name[48], bkey[96];   /* group name; barrier key */
   char *err;
   size_t cap;
+  int internal;              /* dg__pg_new_internal: no worker, no flight */
 } mk_ctx;
 
 /* The parent's rank r as a rank of the root (the transport's numbering). */
@@ -251,12 +252,16 @@ static dg_pg *sub_alloc(mk_ctx *m) {
   pg->link = P->link;
   pg->bind = P->bind;
   pg->spin_us = P->spin_us;
+  memcpy(pg->host_id, P->host_id, sizeof pg->host_id);
   pg->parent = P;
   snprintf(pg->name, sizeof pg->name, "%.47s", m->name);
   pg->members = dg__calloc((size_t)m->n, sizeof(int));
   pg->pids = dg__calloc((size_t)m->n, sizeof(int));
-  pg->flight = dg__flight_sub(P->flight, m->n);
-  if (!pg->members || !pg->pids || !pg->flight) {
+  /* internal groups record nothing: the root's work is the one recorded,
+   * and their ranks' positions are the root's */
+  pg->internal = m->internal;
+  if (!m->internal) pg->flight = dg__flight_sub(P->flight, m->n);
+  if (!pg->members || !pg->pids || (!pg->flight && !m->internal)) {
     sub_destroy(pg);
     return NULL;
   }
@@ -391,7 +396,7 @@ static int make_member(mk_ctx *m) {
   for (int i = 0; i < m->n; i++) all &= m->dgrad[m->ranks[i]];
   if (rc == DG_OK) rc = all ? share_transport(m) : own_transport(m);
   if (rc == DG_OK && m->pg->all_dgrad) rc = local_paths(m);
-  if (rc == DG_OK) rc = dg__pg_start_worker(m->pg);
+  if (rc == DG_OK && !m->internal) rc = dg__pg_start_worker(m->pg);
   return rc;
 }
 
@@ -473,4 +478,36 @@ int dg_pg_new_group(dg_pg **out, dg_pg *parent, const int *ranks, int n, char *e
   dg__free(m.ranks);
   dg__free(m.dgrad);
   return rc;
+}
+
+/* ---- internal groups (pg_hier.c) ---- */
+
+int dg__pg_new_internal(dg_pg **out, dg_pg *root, const int *ranks, int n, const char *name,
+                        char *err, size_t cap) {
+  int W = root->size;
+  *out = NULL;
+  mk_ctx m = {.parent = root, .root = root, .err = err, .cap = cap, .internal = 1, .n = n,
+              .me = -1, .ranks = dg__calloc((size_t)W, sizeof(int)),
+              .dgrad = dg__calloc((size_t)W, 1)};
+  int rc = m.ranks && m.dgrad && n >= 1 && n <= W ? DG_OK : DG_ENOMEM;
+  if (rc == DG_OK) {
+    memcpy(m.ranks, ranks, (size_t)n * sizeof *ranks);
+    memset(m.dgrad, 1, (size_t)W); /* made in dgrad-only root groups only */
+    for (int i = 0; i < n; i++)
+      if (ranks[i] == root->rank) m.me = i;
+    snprintf(m.name, sizeof m.name, "%.47s", name);
+    rc = dg_store_new_prefix(&m.grp, base_store(root), m.name);
+  }
+  if (rc == DG_OK && m.me >= 0) rc = make_member(&m);
+  if (rc == DG_OK) *out = m.pg;
+  else if (m.pg) sub_destroy(m.pg);
+  if (rc == DG_ENOMEM && !err[0]) snprintf(err, cap, "internal group %s: out of memory", name);
+  dg_store_free(m.grp);
+  dg__free(m.ranks);
+  dg__free(m.dgrad);
+  return rc;
+}
+
+void dg__pg_free_internal(dg_pg *g) {
+  if (g) sub_destroy(g);
 }

@@ -15,4 +15,19 @@ int dg__pg_seq_handshake(dg_pg *pg, int timeout_ms, char *err, size_t cap);
 /* pg.c: tears down a group of dg_pg_new (no sub-group left). */
 void dg__pg_destroy(dg_pg *pg);
 
+/* An internal group of root (pg_hier.c): the members `ranks` (n, sorted,
+ * the same list on every member) over root's connections, with its own
+ * slots and local paths (shared segment, cross-memory attach), named
+ * `name` (unique per store: no number of torch's is taken), made by its
+ * members only (non-members: *out NULL, nothing done), with no worker
+ * (the root's worker runs it) and no flight recorder. */
+int dg__pg_new_internal(dg_pg **out, dg_pg *root, const int *ranks, int n, const char *name,
+                        char *err, size_t cap);
+void dg__pg_free_internal(dg_pg *g);
+/* pg_hier.c: the hierarchy of a dgrad-only root group (collective over the
+ * group at creation; hosts: every rank's host identity, NULL if unknown);
+ * and its teardown (after the worker stopped, before the transport). */
+int dg__hier_setup(dg_pg *pg, const char *const *hosts, char *err, size_t cap);
+void dg__hier_free(dg_pg *pg);
+
 #endif

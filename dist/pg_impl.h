@@ -56,6 +56,15 @@ struct dg_pg {
   struct sockaddr_storage bind; /* where this rank listens (new connections) */
   int spin_us;     /* opts.spin_us */
   struct dg__flight *flight; /* flight recorder, fingerprints (flight.c) */
+  /* hierarchical allreduce (coll_hier.c; made by pg_hier.c): a root group
+   * over several hosts, one with more than one rank */
+  int hier;        /* 0: none; 1: available (forced); 2: AUTO picks it */
+  int hier_shards; /* S: shards of the buffer (the fewest ranks of a host) */
+  int hier_lrank;  /* my rank among my host's ranks (the shard I carry if < S) */
+  dg_pg *hier_local; /* my host's ranks (NULL: alone on my host) */
+  dg_pg *hier_cross; /* local rank hier_lrank of every host (NULL: >= S) */
+  int internal;      /* an internal group (pg_hier.c): no worker, no flight */
+  char host_id[256]; /* opts.host_id (sub-groups: the root's); "": host name */
 };
 
 /* A sub-group sharing an ancestor's transport tells its messages apart by

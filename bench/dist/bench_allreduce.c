@@ -23,6 +23,7 @@ static dg_algo parse_algo(const char *s) {
   if (!strcmp(s, "direct")) return DG_ALGO_DIRECT;
   if (!strcmp(s, "cma")) return DG_ALGO_CMA;
   if (!strcmp(s, "shm")) return DG_ALGO_SHM;
+  if (!strcmp(s, "hier")) return DG_ALGO_HIER;
   return DG_ALGO_AUTO;
 }
 

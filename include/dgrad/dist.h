@@ -24,7 +24,8 @@
  * Configuration is dg_pg_opts; the library reads no environment variable
  * except in dg_pg_new_from_env and dg_pg_opts_from_env (torchrun-style
  * set-up): DG_BACKEND, DG_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, DG_SHM,
- * DG_SPIN_US, DG_FLIGHT_DIR (the fields they fill say what they do).
+ * DG_SPIN_US, DG_FLIGHT_DIR, DG_HOST_ID (the fields they fill say what they
+ * do).
  * DG_LOG=info logs the address used and the algorithms chosen.
  *
  * Thread-safety: a dg_pg may be used from several threads (calls that post
@@ -63,8 +64,19 @@ typedef enum {
   DG_ALGO_DIRECT = 3,        /* reduce-scatter + allgather, all pairs at once */
   DG_ALGO_CMA = 4,           /* as DIRECT, reading peers' buffers in place with
                                 cross-memory attach: ranks on one host only */
-  DG_ALGO_SHM = 5            /* through a shared-memory segment, no messages:
+  DG_ALGO_SHM = 5,           /* through a shared-memory segment, no messages:
                                 ranks on one host only (the default there) */
+  /* A group of dg_pg_new over several hosts, one of them with several
+   * ranks: the ranks of each host allreduce through shared memory (else
+   * cross-memory attach, else the transport); then shard j of S (S: the
+   * fewest ranks a host has) is allreduced between hosts over the transport
+   * by local rank j of every host; then the shards go back to every rank
+   * of the host through shared memory. The default there when every host's
+   * ranks share memory or cross-memory attach. Summation order depends on
+   * the layout (which ranks on which host) only: the same layout gives the
+   * same bits run to run; not the bits of one flat algorithm over the same
+   * ranks. Sub-groups (dg_pg_new_group) have none. */
+  DG_ALGO_HIER = 6
 } dg_algo;
 
 /* Rendezvous key layout: torch 1.13's init_process_group (prefixes
@@ -153,6 +165,14 @@ typedef struct {
    * DG_EMISMATCH. Authentication only: nothing is encrypted
    * (docs/guide-deployment.md says what is and is not protected). */
   const char *auth_token;
+  /* This rank's host identity, one word (NULL or "": the host name)
+   * [DG_HOST_ID]. Ranks with the same identity count as one host: they try
+   * a shared-memory segment and cross-memory attach between them (each
+   * falls back to the transport when the peer turns out to be elsewhere),
+   * and the hierarchical allreduce (DG_ALGO_HIER) is laid out by it. For
+   * tests and benchmarks that fake several hosts on one machine (logged at
+   * INFO when set). */
+  const char *host_id;
 } dg_pg_opts;
 
 /* Creates a group and connects it (blocks until every rank joined or the
@@ -247,8 +267,14 @@ DG_API const char *dg_pg_errmsg(const dg_pg *pg);
  * RING is valid in a group with non-dgrad ranks; CMA needs every rank on
  * this host with process_vm_readv allowed, SHM every rank on this host with
  * a POSIX shared-memory segment and no opts.no_shm (DG_EUNSUPPORTED
- * otherwise). Call it on every rank. */
+ * otherwise); HIER a group with the hierarchy (see DG_ALGO_HIER). Call it
+ * on every rank. */
 DG_API int dg_pg_set_algo(dg_pg *pg, dg_algo algo);
+/* The algorithm an allreduce of count elements of dt would run now (the
+ * forced one, or what DG_ALGO_AUTO picks; never AUTO itself); DG_ALGO_AUTO
+ * for a NULL group or a bad dtype. DG_LOG=info says at creation whether a
+ * group has the hierarchy and what carries it inside each host. */
+DG_API dg_algo dg_pg_allreduce_algo(dg_pg *pg, size_t count, dg_dtype dt);
 
 /* Collectives. `w` receives the work (free it with dg_work_free); on a
  * failed post (bad arguments) *w is NULL. Works belong to their group:

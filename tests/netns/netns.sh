@@ -11,8 +11,10 @@
 # so too).
 #
 #   netns.sh exact  WORKER DGRUN   the losses of every step equal those of
-#                                  the same 4 ranks on one host over TCP
-#                                  (DG_SHM=0), bit for bit
+#                                  the same layout on one host (two dgruns
+#                                  in namespace A, DG_HOST_ID=A and B: the
+#                                  same hierarchical allreduce), bit for
+#                                  bit; each host's ranks share memory
 #   netns.sh netem  WORKER DGRUN   with `tc netem` delay 5 ms +- 2 ms and 2%
 #                                  loss on both ends of the link (a kernel
 #                                  without netem: tbf at 4 Mbit/s with a
@@ -170,10 +172,24 @@ for r in 2 3; do
     fail "rank $r does not report listening on 10.77.0.2 by the route to MASTER_ADDR"
 done
 
-# the reference: the same 4 ranks on one host (this namespace, loopback),
-# every byte over TCP as between the two hosts
-DG_SHM=0 timeout 120 "$dgrun" --nproc-per-node 4 -- "$worker" "${wargs[@]}" >"$tmp/one.out" 2>&1 ||
-  fail "the one-host run exited $?"
+# inside each host the ranks share memory (the hierarchical allreduce)
+for f in a b; do
+  [ "$(grep -c 'hierarchical allreduce: host .* inside the host: shared memory' "$tmp/$f.out")" -eq 2 ] ||
+    fail "host $f's ranks do not report the hierarchical allreduce over shared memory"
+done
+# the reference: the same layout on one host (namespace A, loopback), two
+# "hosts" told apart by DG_HOST_ID, so the summation order is the same
+ref() {
+  A env DG_LOG=info DG_HOST_ID="$1" timeout 120 "$dgrun" --nnodes 2 --node-rank "$2" \
+    --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29500 -- \
+    "$worker" "${wargs[@]}" >"$3" 2>&1
+}
+ref A 0 "$tmp/one.out" & r0=$!
+ref B 1 "$tmp/one_b.out" & r1=$!
+wait "$r0" || fail "the one-host run (DG_HOST_ID=A) exited $?"
+wait "$r1" || fail "the one-host run (DG_HOST_ID=B) exited $?"
+grep -q 'host identity "B" from opts.host_id / DG_HOST_ID' "$tmp/one_b.out" ||
+  fail "the one-host run does not log DG_HOST_ID"
 grep '^\[rank 0\] step .* loss' "$tmp/one.out" >"$tmp/one.l"
 grep '^\[rank 0\] step .* loss' "$tmp/a.out" >"$tmp/two.l"
 [ "$(wc -l <"$tmp/one.l")" -eq "$steps" ] || fail "the one-host run printed $(wc -l <"$tmp/one.l") losses"
