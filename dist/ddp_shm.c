@@ -7,11 +7,17 @@
  *
  * Buckets are independent (words per bucket, values = the round number g):
  *   rank r's bucket k is final:    ready[r][k] = g
- *   r's engine, until r has done every bucket: pick, among the buckets
- *     ready on every rank and not done by r, the one the next forward needs
- *     first (the highest index: buckets run from the output layer back),
- *     average r's block of it, done[r][k] = g; none: sleep on the bell
- *   bucket k is complete when done[p][k] = g on every rank p.
+ *   a rank making progress: pick, among the buckets ready on every rank,
+ *     the one the next forward needs first (the highest index: buckets run
+ *     from the output layer back) with a block j not claimed yet (its own
+ *     block first), claim[j][k] = g by compare-and-swap, average block j,
+ *     done[j][k] = g; none: sleep on the bell
+ *   bucket k is complete when done[j][k] = g for every block j.
+ * Block j is rank j's by default, but a rank waiting for a late peer
+ * averages the peer's blocks itself (on a noisy host the stalled rank's
+ * share of the averaging moves to the one that waits); every block's
+ * average is computed in rank order by one code path, so who computes it
+ * does not change a bit.
  * Ranks may pick in different orders (each picks from what it sees) and no
  * one waits for buckets in a fixed sequence, so no order can deadlock.
  * Progress is cooperative: the backward thread takes what it can at every
@@ -40,6 +46,7 @@
 typedef struct {
   uint32_t bell __attribute__((aligned(64)));
   uint32_t sleepers __attribute__((aligned(64)));
+  uint32_t waiters __attribute__((aligned(64))); /* threads in a wait loop (any rank) */
 } grad_hdr;
 
 typedef struct {
@@ -53,13 +60,13 @@ typedef struct {
   unsigned char *data;
   size_t *off, *cnt;  /* (nbmax) bucket k: [off, off + cnt) */
   size_t *bytes;      /* (nbmax) cnt * 4, for the link model */
-  uint32_t *claimed;  /* (nbmax) round that took my block of bucket k */
   int64_t *posted;    /* (nbmax) the link model's view of the postings */
   uint32_t gen;       /* this rank's round number */
   const dg_link_model *link; /* the group's model with bucket_end, or NULL */
   float *mine;        /* this rank's buffer (the store's gradients) */
   int engine_thread;  /* 1: an engine task in the group's worker per round */
   dg_work *engine;    /* this round's engine */
+  int64_t peer_blocks; /* peers' blocks this rank averaged (dg_ddp_stats) */
 } seg;
 
 static size_t page_up(size_t n) { return (n + 4095) / 4096 * 4096; }
@@ -67,11 +74,20 @@ static size_t line_up(size_t n) { return (n + 63) / 64 * 64; }
 
 static int32_t *count_of(seg *s, int r) { return (int32_t *)(s->ctl + (size_t)r * s->ctl_stride); }
 /* Per rank after count[2]: done[nbmax] | ready[2][nbmax] | ready_at[2][nbmax]
- * (ns, CLOCK_MONOTONIC); ready words and times by round parity, as the
- * counts: a peer one round ahead must not erase what a link model still
- * reads. */
+ * (ns, CLOCK_MONOTONIC) | claim[nbmax] | who[nbmax]; ready words and times by
+ * round parity, as the counts: a peer one round ahead must not erase what a
+ * link model still reads. done, claim and who are of rank r's block (the
+ * r-th 1/W of each bucket), whichever rank averages it. */
 static uint32_t *done_of(seg *s, int r) {
   return (uint32_t *)(s->ctl + (size_t)r * s->ctl_stride + 64);
+}
+static uint32_t *claim_of(seg *s, int r) {
+  size_t w = line_up((size_t)s->nbmax * sizeof(uint32_t));
+  size_t t = line_up((size_t)s->nbmax * sizeof(int64_t));
+  return (uint32_t *)(s->ctl + (size_t)r * s->ctl_stride + 64 + 3 * w + 2 * t);
+}
+static int32_t *who_of(seg *s, int r) { /* the rank that claimed the block */
+  return (int32_t *)(claim_of(s, r) + line_up((size_t)s->nbmax * sizeof(uint32_t)) / 4);
 }
 static uint32_t *ready_of(seg *s, int r) {
   size_t w = line_up((size_t)s->nbmax * sizeof(uint32_t));
@@ -88,7 +104,6 @@ static void seg_free(seg *s) {
   if (!s) return;
   if (s->base) munmap(s->base, s->len);
   dg__free(s->off);
-  dg__free(s->claimed);
   dg__free(s->posted);
   dg__free(s);
 }
@@ -100,7 +115,7 @@ static int seg_new(dg_pg *pg, size_t nfloat, int nbmax, seg **out) {
   *out = NULL;
   int W = dg_pg_size(pg);
   size_t stride = page_up((nfloat ? nfloat : 1) * sizeof(float));
-  size_t cs = 64 + 3 * line_up((size_t)nbmax * sizeof(uint32_t)) +
+  size_t cs = 64 + 5 * line_up((size_t)nbmax * sizeof(uint32_t)) +
               2 * line_up((size_t)nbmax * sizeof(int64_t));
   size_t ctl = page_up(sizeof(grad_hdr) + (size_t)W * cs);
   size_t len = ctl + (size_t)W * stride;
@@ -114,10 +129,9 @@ static int seg_new(dg_pg *pg, size_t nfloat, int nbmax, seg **out) {
                .ctl = (unsigned char *)p + sizeof(grad_hdr), .ctl_stride = cs,
                .data = (unsigned char *)p + ctl};
     s->off = dg__calloc((size_t)nbmax * 3, sizeof *s->off);
-    s->claimed = dg__calloc((size_t)nbmax, sizeof *s->claimed);
     s->posted = dg__calloc((size_t)nbmax, sizeof *s->posted);
   }
-  int64_t ok = s && s->off && s->claimed && s->posted;
+  int64_t ok = s && s->off && s->posted;
   rc = dg_pg_allreduce_sync(pg, &ok, 1, DG_I64, DG_RED_MIN); /* every rank or none */
   if (rc != DG_OK || !ok) {
     if (s) seg_free(s);
@@ -183,31 +197,48 @@ static void grad_block(seg *s, size_t o, size_t n) {
   }
 }
 
-/* The next bucket for this rank (-1: none ready everywhere). */
-static int candidate(seg *s) {
+/* Whether block j of bucket k is taken this round (a claim of a later
+ * round cannot exist before this rank posted it: see progress). */
+static int claimed(seg *s, int j, int k) {
+  return (int32_t)(__atomic_load_n(&claim_of(s, j)[k], __ATOMIC_ACQUIRE) - s->gen) >= 0;
+}
+
+/* The next block for this rank, as bucket k and block *j (-1: none): of
+ * the buckets ready everywhere, the one the next forward needs first; its
+ * own block first, then (steal) the others'. */
+static int candidate(seg *s, int steal, int *j) {
   for (int k = s->nb - 1; k >= 0; k--) {
-    if (__atomic_load_n(&s->claimed[k], __ATOMIC_ACQUIRE) == s->gen) continue;
     int p = 0;
     while (p < s->W && is_gen(&ready_of(s, p)[k], s->gen)) p++;
-    if (p == s->W) return k;
+    if (p < s->W) continue;
+    for (int i = 0; i < (steal ? s->W : 1); i++)
+      if (!claimed(s, *j = (s->rank + i) % s->W, k)) return k;
   }
   return -1;
 }
 
-/* Averages this rank's blocks of the buckets ready everywhere, without
- * waiting; returns how many. */
-static int progress(seg *s) {
+/* Averages unclaimed blocks of the buckets ready everywhere, without
+ * waiting; returns how many. A thread that waits (steal) takes any block (a
+ * claim in the segment makes one rank do it), its own first; backward's
+ * hooks take only this rank's blocks, and none while some thread waits: a
+ * rank that is behind leaves the averaging to the ranks idle waiting for it
+ * and goes on with its backward. A block's average is the same whichever
+ * rank computes it (rank order, one code path): results stay bit-exact. */
+static int progress(seg *s, int steal) {
+  if (!steal && __atomic_load_n(&s->hdr->waiters, __ATOMIC_ACQUIRE)) return 0;
   int n = 0;
-  for (int k; (k = candidate(s)) >= 0;) {
-    uint32_t old = __atomic_load_n(&s->claimed[k], __ATOMIC_ACQUIRE);
-    if (old == s->gen || !__atomic_compare_exchange_n(&s->claimed[k], &old, s->gen, 0,
-                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-      continue; /* the other thread took it */
+  for (int k, j; (k = candidate(s, steal, &j)) >= 0;) {
+    uint32_t *c = &claim_of(s, j)[k], old = __atomic_load_n(c, __ATOMIC_ACQUIRE);
+    if ((int32_t)(old - s->gen) >= 0 ||
+        !__atomic_compare_exchange_n(c, &old, s->gen, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      continue; /* another thread or rank took it */
+    __atomic_store_n(&who_of(s, j)[k], s->rank, __ATOMIC_RELAXED);
     size_t q = s->cnt[k] / (size_t)s->W, rm = s->cnt[k] % (size_t)s->W;
-    size_t bo = (size_t)s->rank * q + DG_MIN((size_t)s->rank, rm);
-    grad_block(s, s->off[k] + bo, q + ((size_t)s->rank < rm));
-    __atomic_store_n(&done_of(s, s->rank)[k], s->gen, __ATOMIC_SEQ_CST);
+    size_t bo = (size_t)j * q + DG_MIN((size_t)j, rm);
+    grad_block(s, s->off[k] + bo, q + ((size_t)j < rm));
+    __atomic_store_n(&done_of(s, j)[k], s->gen, __ATOMIC_SEQ_CST);
     ring(s);
+    if (j != s->rank) __atomic_add_fetch(&s->peer_blocks, 1, __ATOMIC_RELAXED);
     n++;
   }
   return n;
@@ -231,19 +262,21 @@ static int bell_moved(void *a) {
   return __atomic_load_n(&w->s->hdr->bell, __ATOMIC_SEQ_CST) != w->bell;
 }
 
-/* The first rank holding up `want` (or this rank's engine). For a bucket, a
- * rank that has not posted its gradients comes first: the ranks that have
- * not averaged their blocks are waiting for it. */
+/* The first rank holding up `want` (or this rank's engine: its own blocks).
+ * A rank that has not posted its gradients comes first (the others wait
+ * for it), then the rank that claimed a block not averaged yet. */
 static int laggard(void *a) {
   grad_wait *w = a;
   seg *s = w->s;
-  for (int p = 0; w->want >= 0 && p < s->W; p++)
-    if (p != s->rank && !is_gen(&ready_of(s, p)[w->want], s->gen)) return p;
   for (int k = 0; k < s->nb; k++) {
     if (w->want >= 0 ? k != w->want : is_gen(&done_of(s, s->rank)[k], s->gen)) continue;
     for (int p = 0; p < s->W; p++)
-      if (p != s->rank && !is_gen(w->want >= 0 ? &done_of(s, p)[k] : &ready_of(s, p)[k], s->gen))
-        return p;
+      if (p != s->rank && !is_gen(&ready_of(s, p)[k], s->gen)) return p;
+    for (int j = 0; j < s->W; j++) {
+      if (is_gen(&done_of(s, j)[k], s->gen) || (w->want < 0 && j != s->rank)) continue;
+      int c = claimed(s, j, k) ? __atomic_load_n(&who_of(s, j)[k], __ATOMIC_RELAXED) : j;
+      if (c != s->rank) return c;
+    }
   }
   return -1;
 }
@@ -258,15 +291,19 @@ static int bell_wait(seg *s, grad_wait *w, int64_t deadline, int *dead) {
 static int engine_run(dg_coll *c, void *arg) {
   seg *s = arg;
   grad_wait w = {s, -1, 0};
+  int rc = DG_OK, dead = -1;
+  __atomic_add_fetch(&s->hdr->waiters, 1, __ATOMIC_SEQ_CST);
   for (;;) {
     w.bell = __atomic_load_n(&s->hdr->bell, __ATOMIC_SEQ_CST);
-    progress(s);
-    if (mine_all_done(s)) return DG_OK;
-    int dead = -1, rc = bell_wait(s, &w, dg__coll_deadline(c), &dead);
-    if (rc != DG_OK)
-      return dg__shm_wait_fail(c, rc, DG_MAX(laggard(&w), 0), dead, "finish its gradients",
-                               "DDP shared-memory gradients");
+    progress(s, 1);
+    if (mine_all_done(s) || (rc = bell_wait(s, &w, dg__coll_deadline(c), &dead)) != DG_OK)
+      break;
   }
+  __atomic_sub_fetch(&s->hdr->waiters, 1, __ATOMIC_SEQ_CST);
+  if (rc != DG_OK)
+    return dg__shm_wait_fail(c, rc, DG_MAX(laggard(&w), 0), dead, "finish its gradients",
+                             "DDP shared-memory gradients");
+  return DG_OK;
 }
 
 /* A link model (benchmarks): bucket k's data is averaged; hold it back
@@ -306,18 +343,17 @@ static void wait_error(seg *s, grad_wait *w, int rc, int dead, char *err, size_t
  * fails; a failure's message goes to err. */
 static int wait_bucket(seg *s, int k, char *err, size_t cap) {
   grad_wait w = {s, k, 0};
+  err[0] = '\0';
   int64_t deadline = dg__deadline(0, dg__pg_timeout_ms(s->pg));
   int dead = -1, rc = DG_OK, done = 0;
+  __atomic_add_fetch(&s->hdr->waiters, 1, __ATOMIC_SEQ_CST);
   for (;;) {
     w.bell = __atomic_load_n(&s->hdr->bell, __ATOMIC_SEQ_CST);
-    progress(s);
-    if (data_done(s, k)) {
-      if (s->link) link_hold(s, k, deadline);
-      return DG_OK;
-    }
+    progress(s, 1);
+    if (data_done(s, k)) break;
     if (s->engine && (rc = dg_work_test(s->engine, &done)) != DG_OK) {
       snprintf(err, cap, "%s", dg_work_errmsg(s->engine));
-      return rc;
+      break;
     }
     if ((rc = bell_wait(s, &w, deadline, &dead)) != DG_OK) break;
     if (dg__now_ms() >= deadline) {
@@ -325,7 +361,9 @@ static int wait_bucket(seg *s, int k, char *err, size_t cap) {
       break;
     }
   }
-  wait_error(s, &w, rc, dead, err, cap);
+  __atomic_sub_fetch(&s->hdr->waiters, 1, __ATOMIC_SEQ_CST);
+  if (rc == DG_OK && s->link) link_hold(s, k, deadline);
+  else if (rc != DG_OK && !err[0]) wait_error(s, &w, rc, dead, err, cap);
   return rc;
 }
 
@@ -362,10 +400,10 @@ static void shm_start(dg_ddp *d, int k) {
   if (s->link) __atomic_store_n(&ready_at_of(s, s->rank)[k], dg__now_ns(), __ATOMIC_RELAXED);
   __atomic_store_n(&ready_of(s, s->rank)[k], s->gen, __ATOMIC_SEQ_CST);
   ring(s);
-  progress(s);
+  progress(s, 0);
 }
 
-static void shm_progress(dg_ddp *d) { progress(d->red_state); }
+static void shm_progress(dg_ddp *d) { progress(d->red_state, 0); }
 
 /* Waits until every rank averaged its block of bucket k (doing this rank's
  * blocks meanwhile), then scales. */
@@ -396,6 +434,7 @@ static int32_t shm_count(dg_ddp *d) {
 
 static void shm_end_round(dg_ddp *d) {
   seg *s = d->red_state;
+  d->st.peer_blocks = __atomic_load_n(&s->peer_blocks, __ATOMIC_RELAXED);
   if (!s->engine) return;
   /* done with every block once every bucket completed; a failed round has
    * it fail by its deadline */

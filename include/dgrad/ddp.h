@@ -255,6 +255,8 @@ typedef struct {
   double wait_s;          /* time spent waiting for buckets (backward end, or
                              the next forward's reads in overlap mode) */
   double bytes_reduced;   /* f32 gradient bytes put through hooks */
+  int64_t peer_blocks;    /* shared segment: blocks of peers' share of the
+                             averaging this rank did while waiting for them */
 } dg_ddp_stats;
 
 DG_API int dg_ddp_get_stats(const dg_ddp *ddp, dg_ddp_stats *out);
