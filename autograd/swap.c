@@ -432,16 +432,16 @@ static void swap_reset(dg__swap *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
+/* Every swapping context, linked through reg_next: a pipe stage holds one
+ * per micro-batch it keeps alive, so there is no fixed bound. */
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static dg__swap *reg[64];
-static int nreg;
+static dg__swap *reg_head;
 
 /* A raw accessor reads t: if it lies in a swapping context's arena, it
  * comes back and stays. */
 static void swap_touch(const dg_tensor *t) {
   pthread_mutex_lock(&reg_mu);
-  for (int k = 0; k < nreg; k++) {
-    dg__swap *s = reg[k];
+  for (dg__swap *s = reg_head; s; s = s->reg_next) {
     if (dg__arena_live(&s->ctx->arena, t->data) != 1) continue;
     uintptr_t a, b;
     span(t, &a, &b);
@@ -458,12 +458,15 @@ static void swap_touch(const dg_tensor *t) {
 static void registry(dg__swap *s, int add) {
   pthread_mutex_lock(&reg_mu);
   if (add) {
-    reg[nreg++] = s;
+    s->reg_next = reg_head, reg_head = s;
   } else {
-    for (int k = 0; k < nreg; k++)
-      if (reg[k] == s) reg[k] = reg[--nreg];
+    for (dg__swap **q = &reg_head; *q; q = &(*q)->reg_next)
+      if (*q == s) {
+        *q = s->reg_next;
+        break;
+      }
   }
-  dg__swap_touch = nreg ? swap_touch : NULL;
+  dg__swap_touch = reg_head ? swap_touch : NULL;
   pthread_mutex_unlock(&reg_mu);
 }
 

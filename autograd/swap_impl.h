@@ -89,6 +89,7 @@ typedef struct dg__swap {
   int broken;               /* the I/O thread missed a reset's deadline: no more swapping */
   int active;               /* dg_ctx_swap_scope */
   int64_t opseq;
+  struct dg__swap *reg_next; /* the registry of swapping contexts (any number) */
   struct {
     uintptr_t lo, hi;
   } pins[16];               /* raw reads of tensors not (yet) saved: never released */

@@ -7,7 +7,8 @@
  * asynchronous; receives wait, bounded by the group's timeout (the table was
  * proven deadlock-free before it ran). With re-materialization the forward
  * runs without a tape in a scratch context and the backward recomputes the
- * stage there first. */
+ * stage there first. With opts.swap the contexts that hold a tape swap:
+ * the pool's, or with re-materialization the scratch context. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -93,6 +94,14 @@ int dg_pipe_get_stats(const dg_pipe *p, dg_pipe_stats *out) {
   return DG_OK;
 }
 
+int dg_pipe_contexts(const dg_pipe *p, dg_ctx **ctxs, int cap, int *n) {
+  if (!p || (!ctxs && cap) || cap < 0) return DG_EINVAL;
+  const int total = p->npool + (p->rctx != NULL);
+  if (n) *n = total;
+  for (int k = 0; k < total && k < cap; k++) ctxs[k] = k < p->npool ? p->pool[k] : p->rctx;
+  return DG_OK;
+}
+
 int dg_pipe_layer_cost(const dg_pipe *p, double *cost, int cap, int *n) {
   if (!p || (!cost && cap)) return DG_EINVAL;
   if (n) *n = p->nlayers;
@@ -156,25 +165,47 @@ static int take_stage(dg_pipe *p, dg_module *seq, char *err, size_t cap) {
   return DG_OK;
 }
 
-static int alloc_state(dg_pipe *p, int npool, char *err, size_t cap) {
-  const size_t M = (size_t)p->M;
+/* Swapping on context c (pool context k, or the recomputation's: k < 0). */
+static int ctx_swap(dg_pipe *p, dg_ctx *c, int k, const dg_swap_opts *swap, char *err,
+                    size_t cap) {
+  int rc = dg_ctx_set_swap(c, swap);
+  if (!rc) return DG_OK;
+  char what[48];
+  if (k < 0) snprintf(what, sizeof what, "the recomputation context");
+  else snprintf(what, sizeof what, "micro-batch context %d", k);
+  return dg__fail_msg(err, cap, rc, "pipe_new: stage %d: turning swapping on for %s: %s", p->s,
+                      what, dg_ctx_errmsg(c));
+}
+
+/* The stage's contexts, swapping when asked: before the stage is bound, so
+ * that options dg_ctx_set_swap refuses leave the store as it was. */
+static int make_contexts(dg_pipe *p, int npool, const dg_swap_opts *swap, char *err, size_t cap) {
   p->npool = npool;
   p->pool = dg__calloc((size_t)npool, sizeof *p->pool);
   p->owner = dg__malloc((size_t)npool * sizeof *p->owner);
-  p->mb = dg__calloc(M, sizeof *p->mb);
-  p->hdr_out = dg__calloc(M * HDR, sizeof *p->hdr_out);
-  dg_params_buffer_data(p->ps, &p->nbuf);
-  p->bufsave = p->remat && p->nbuf ? dg__malloc(p->nbuf * sizeof *p->bufsave) : NULL;
-  if (!p->pool || !p->owner || !p->mb || !p->hdr_out || (p->remat && p->nbuf && !p->bufsave))
-    return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
-  for (size_t m = 0; m < M; m++) p->mb[m].slot = -1;
+  if (!p->pool || !p->owner) return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
   for (int k = 0; k < npool; k++) {
     p->owner[k] = -1;
     if (dg_ctx_new(&p->pool[k], NULL))
       return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
+    /* with remat the pool holds boundaries only: the recomputation saves */
+    int rc = swap && !p->remat ? ctx_swap(p, p->pool[k], k, swap, err, cap) : DG_OK;
+    if (rc) return rc;
   }
   if (p->remat && dg_ctx_new(&p->rctx, NULL))
     return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
+  return p->remat && swap ? ctx_swap(p, p->rctx, -1, swap, err, cap) : DG_OK;
+}
+
+static int alloc_state(dg_pipe *p, char *err, size_t cap) {
+  const size_t M = (size_t)p->M;
+  p->mb = dg__calloc(M, sizeof *p->mb);
+  p->hdr_out = dg__calloc(M * HDR, sizeof *p->hdr_out);
+  dg_params_buffer_data(p->ps, &p->nbuf);
+  p->bufsave = p->remat && p->nbuf ? dg__malloc(p->nbuf * sizeof *p->bufsave) : NULL;
+  if (!p->mb || !p->hdr_out || (p->remat && p->nbuf && !p->bufsave))
+    return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
+  for (size_t m = 0; m < M; m++) p->mb[m].slot = -1;
   return DG_OK;
 }
 
@@ -230,9 +261,11 @@ int dg_pipe_new(dg_pipe **out, dg_pg *pg, dg_module *seq, dg_params *ps, uint64_
   if (!rc) rc = dg__pipe_schedule(&p->tab, p->kind, p->K, p->M, err, cap);
   if (!rc) rc = dg__pipe_validate(&p->tab, &ts, err, cap);
   if (!rc) p->first = bounds[p->s], p->last = bounds[p->s + 1];
+  if (!rc)
+    rc = make_contexts(p, ts.max_alive[p->s] > 0 ? ts.max_alive[p->s] : 1, o.swap, err, cap);
   if (!rc) rc = take_stage(p, seq, err, cap);
   else dg_module_free(seq);
-  if (!rc) rc = alloc_state(p, ts.max_alive[p->s] > 0 ? ts.max_alive[p->s] : 1, err, cap);
+  if (!rc) rc = alloc_state(p, err, cap);
   if (!rc && p->dp) rc = dp_setup(p, err, cap);
   if (rc) {
     dg_pipe_free(p);

@@ -52,6 +52,11 @@
  * and the backward recomputes the stage first, with the same random
  * numbers and without moving BatchNorm's running statistics twice; the
  * recomputation has one context of its own, reused by every micro-batch.
+ * With opts.swap, activation swapping (swap.h) is on for the contexts that
+ * record a tape: the pool's, or with remat the recomputation's (the pool
+ * then holds boundaries only). The tensors a micro-batch's forward (or
+ * recomputation) saves leave memory and come back for its backward.
+ * dg_pipe_contexts reaches the contexts (hooks, swap statistics).
  *
  * Boundaries carry one tensor per micro-batch, of any dtype (a gradient
  * flows back only through f32), with its shape and dtype in a header; the
@@ -74,6 +79,7 @@
 
 #include "dgrad/dist.h"
 #include "dgrad/nn.h"
+#include "dgrad/swap.h"
 #include "dgrad/tensor.h"
 
 #ifdef __cplusplus
@@ -93,6 +99,8 @@ typedef struct {
   double optim_factor;        /* optimizer state per parameter byte (AdamW 2); default 2 */
   int remat;                  /* 1: keep boundaries only, recompute in backward */
   dg_pg *dp_group;            /* DP x PP: this stage's replicas; NULL: none */
+  const dg_swap_opts *swap;   /* activation swapping on this stage's contexts that
+                                 record a tape (copied; stages may differ); NULL: off */
 } dg_pipe_opts;
 
 /* What the last step did on this stage (dg_pipe_get_stats). */
@@ -162,6 +170,13 @@ DG_API int dg_pipe_layer_cost(const dg_pipe *p, double *cost, int cap, int *n);
  * (n - 1 entries into cut). The split minimises the largest stage cost,
  * boundaries counted. DG_ENOTFOUND when the balance was not measured. */
 DG_API int dg_pipe_boundary_cost(const dg_pipe *p, double *cut, int cap, int *n);
+
+/* The contexts this stage runs on, n of them into ctxs (cap entries): the
+ * micro-batch pool (dg_pipe_stats.contexts), then with opts.remat the
+ * recomputation context, where every backward runs. For grad-ready and
+ * backward-end hooks and dg_ctx_swap_stats; the pipe owns them: do not
+ * free, reset or re-configure them. */
+DG_API int dg_pipe_contexts(const dg_pipe *p, dg_ctx **ctxs, int cap, int *n);
 
 /* This rank's stage and its layer range [first, last). */
 DG_API int dg_pipe_stage(const dg_pipe *p, int *first, int *last);
