@@ -167,4 +167,37 @@ static inline size_t sw_rss(void) {
   return p ? (size_t)strtoull(p + 6, NULL, 10) * 1024 : 0;
 }
 
+/* ---- grad-ready, counted per parameter per backward (one context or
+ * several: a pipe stage's) ---- */
+
+enum { SW_MAXP = 256 };
+
+typedef struct {
+  int n, bad, backwards;
+  int count[SW_MAXP];
+} sw_ready_count;
+
+static inline void sw_on_ready(void *user, dg_params *ps, int i, int reached) {
+  (void)ps;
+  sw_ready_count *c = user;
+  if (i < 0 || i >= SW_MAXP || !reached) c->bad++; /* every parameter is used */
+  else c->count[i]++;
+}
+
+/* Backward end: each parameter's hook fired exactly once. */
+static inline int sw_on_end(void *user, dg_ctx *ctx) {
+  (void)ctx;
+  sw_ready_count *c = user;
+  for (int i = 0; i < c->n; i++) {
+    if (c->count[i] != 1) {
+      fprintf(stderr, "backward %d: parameter %d grad-ready fired %d times\n", c->backwards, i,
+              c->count[i]);
+      c->bad++;
+    }
+    c->count[i] = 0;
+  }
+  c->backwards++;
+  return DG_OK;
+}
+
 #endif

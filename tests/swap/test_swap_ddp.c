@@ -17,33 +17,6 @@ typedef struct {
   const char *target;
 } cfg;
 
-typedef struct {
-  int n, bad, backwards;
-  int count[64];
-} ready_count;
-
-static void on_ready(void *user, dg_params *ps, int i, int reached) {
-  (void)ps;
-  ready_count *c = user;
-  if (i < 0 || i >= 64 || !reached) c->bad++; /* every parameter is used */
-  else c->count[i]++;
-}
-
-static int on_end(void *user, dg_ctx *ctx) {
-  (void)ctx;
-  ready_count *c = user;
-  for (int i = 0; i < c->n; i++) {
-    if (c->count[i] != 1) {
-      fprintf(stderr, "backward %d: parameter %d grad-ready fired %d times\n", c->backwards, i,
-              c->count[i]);
-      c->bad++;
-    }
-    c->count[i] = 0;
-  }
-  c->backwards++;
-  return DG_OK;
-}
-
 /* One training run; the parameters at the end into out. */
 static int train(int r, int W, const cfg *c, dg_pg *pg, int swap, float *out, size_t *n) {
   sw_model m;
@@ -52,9 +25,9 @@ static int train(int r, int W, const cfg *c, dg_pg *pg, int swap, float *out, si
   REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
   dg_swap_opts so;
   if (swap && sw_opts(c->target, 2, &so)) CHECK_OK(dg_ctx_set_swap(ctx, &so));
-  ready_count rc = {.n = dg_params_count(m.ps)};
-  REQUIRE(dg_ctx_add_grad_ready_hook(ctx, on_ready, &rc) > 0);
-  REQUIRE(dg_ctx_add_backward_end_hook(ctx, on_end, &rc) > 0);
+  sw_ready_count rc = {.n = dg_params_count(m.ps)};
+  REQUIRE(dg_ctx_add_grad_ready_hook(ctx, sw_on_ready, &rc) > 0);
+  REQUIRE(dg_ctx_add_backward_end_hook(ctx, sw_on_end, &rc) > 0);
   dg_optim *opt = NULL;
   REQUIRE(du_optim("sgd", m.ps, &opt) == DG_OK);
   dg_ddp_opts o = du_ddp_defaults();

@@ -23,7 +23,7 @@
 #include "swap_util.h"
 
 #define BF16_REL 1e-2 /* swap.h: whole-gradient relative L2 error */
-enum { IN = 128, HID = 128, NCLS = 8, BLOCKS = 16, STEPS = 3, MB_ROWS = 32, MAXP = 256 };
+enum { IN = 128, HID = 128, NCLS = 8, BLOCKS = 16, STEPS = 3, MB_ROWS = 32 };
 
 typedef struct {
   int K, M, kind, remat;
@@ -60,35 +60,6 @@ static dg_tensor *ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) {
 static void batch(int step, int64_t rows, float *x, int64_t *y) {
   dg_rng_normal(31, (uint64_t)step * (uint64_t)rows * IN, x, (size_t)rows * IN);
   for (int64_t i = 0; i < rows; i++) y[i] = (i * 3 + step) % NCLS;
-}
-
-/* ---- grad-ready, counted over every context of the stage ---- */
-
-typedef struct {
-  int n, bad, backwards;
-  int count[MAXP];
-} ready_count;
-
-static void on_ready(void *user, dg_params *ps, int i, int reached) {
-  (void)ps;
-  ready_count *c = user;
-  if (i < 0 || i >= MAXP || !reached) c->bad++; /* every parameter is used */
-  else c->count[i]++;
-}
-
-static int on_end(void *user, dg_ctx *ctx) {
-  (void)ctx;
-  ready_count *c = user;
-  for (int i = 0; i < c->n; i++) {
-    if (c->count[i] != 1) {
-      fprintf(stderr, "backward %d: parameter %d grad-ready fired %d times\n", c->backwards, i,
-              c->count[i]);
-      c->bad++;
-    }
-    c->count[i] = 0;
-  }
-  c->backwards++;
-  return DG_OK;
 }
 
 /* ---- one training run ---- */
@@ -132,8 +103,8 @@ static int train(int r, const cfg *c, dg_pg *pg, const dg_swap_opts *so, run_out
   int rc = dg_pipe_new(&p, pg, model(), ps, 11, &po, err, sizeof err);
   if (rc) fprintf(stderr, "rank %d: %s\n", r, err);
   REQUIRE(rc == DG_OK);
-  ready_count rdy = {.n = dg_params_count(ps)};
-  REQUIRE(rdy.n > 0 && rdy.n <= MAXP);
+  sw_ready_count rdy = {.n = dg_params_count(ps)};
+  REQUIRE(rdy.n > 0 && rdy.n <= SW_MAXP);
   dg_ctx *cs[80];
   int nc = 0;
   CHECK_OK(dg_pipe_contexts(p, cs, 80, &nc));
@@ -141,8 +112,8 @@ static int train(int r, const cfg *c, dg_pg *pg, const dg_swap_opts *so, run_out
   CHECK_OK(dg_pipe_get_stats(p, &pst));
   CHECK_EQ_INT(nc, pst.contexts + c->remat);
   for (int k = 0; k < nc && k < 80; k++) {
-    REQUIRE(dg_ctx_add_grad_ready_hook(cs[k], on_ready, &rdy) > 0);
-    REQUIRE(dg_ctx_add_backward_end_hook(cs[k], on_end, &rdy) > 0);
+    REQUIRE(dg_ctx_add_grad_ready_hook(cs[k], sw_on_ready, &rdy) > 0);
+    REQUIRE(dg_ctx_add_backward_end_hook(cs[k], sw_on_end, &rdy) > 0);
   }
   dg_sgd_opts sgo = dg_sgd_defaults();
   sgo.lr = 0.05f;
