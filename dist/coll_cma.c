@@ -47,6 +47,13 @@ int dg__host_id(const dg_pg *pg, char *out, size_t cap) {
   return 0;
 }
 
+void dg__setup_coll(dg_pg *pg, dg_work *w, dg_coll *c) {
+  *w = (dg_work){.pg = pg, .kind = DG_W_ALLREDUCE};
+  *c = (dg_coll){.pg = pg, .w = w, .x = pg->x, .rank = pg->rank, .size = pg->size,
+                 .slot = (uint64_t)9 << 56, .deadline = dg__deadline(0, pg->timeout_ms),
+                 .eager = 1};
+}
+
 int dg__cma_setup(dg_pg *pg, const uint64_t *probe, const char *const *hosts) {
   char me[256];
   dg__host_id(pg, me, sizeof me);
@@ -59,12 +66,10 @@ int dg__cma_setup(dg_pg *pg, const uint64_t *probe, const char *const *hosts) {
     else if (read_peer(pg->pids[p], &v, probe[p], 8) < 0 || v != cma_magic) ok[0] = 0;
   }
   if (pg->no_shm) ok[1] = 0;
-  /* Agree (every rank must choose the same algorithms): MIN over ranks, on
-   * a slot outside ProcessGroupGloo's prefixes. */
-  dg_work w = {.pg = pg, .kind = DG_W_ALLREDUCE};
-  dg_coll c = {.pg = pg, .w = &w, .x = pg->x, .rank = pg->rank, .size = pg->size,
-               .slot = (uint64_t)9 << 56, .deadline = dg__deadline(0, pg->timeout_ms),
-               .eager = 1};
+  /* Agree (every rank must choose the same algorithms): MIN over ranks. */
+  dg_work w;
+  dg_coll c;
+  dg__setup_coll(pg, &w, &c);
   int rc = pg->size > 1 ? dg__allreduce_rd(&c, ok, 2, DG_I32, DG_RED_MIN) : DG_OK;
   if (rc == DG_OK && pg->size > 1 && ok[1])
     rc = dg__shm_setup(pg, &c);

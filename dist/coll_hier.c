@@ -49,36 +49,20 @@ static void step_init(dg_coll *sc, dg_work *sw, const dg_coll *c, dg_pg *g) {
                   .slot = c->slot, .deadline = c->deadline, .eager = 1};
 }
 
-/* The host's allreduce: the segment, else CMA (large) or recursive
- * doubling (small), else Gloo's ring over the transport. */
-static int local_allreduce(dg_coll *sc, void *buf, size_t count, dg_dtype dt, dg_redop op) {
-  dg_pg *g = sc->pg;
-  size_t bytes = count * dg_dtype_size(dt);
-  if (g->shm) return dg__allreduce_shm(sc, buf, count, dt, op);
-  if (bytes <= DG_SMALL_BYTES) return dg__allreduce_rd(sc, buf, count, dt, op);
-  if (g->cma) return dg__allreduce_cma(sc, buf, count, dt, op);
-  sc->eager = 0;
-  return dg__gloo_allreduce_ring(sc, buf, count, dt, op);
-}
-
-/* Between hosts: recursive doubling (small), else Gloo's ring. */
-static int cross_allreduce(dg_coll *sc, void *buf, size_t count, dg_dtype dt, dg_redop op) {
-  if (count * dg_dtype_size(dt) <= DG_SMALL_BYTES)
-    return dg__allreduce_rd(sc, buf, count, dt, op);
-  sc->eager = 0;
-  return dg__gloo_allreduce_ring(sc, buf, count, dt, op);
-}
+/* Each step runs the algorithm DG_ALGO_AUTO picks on its internal group
+ * (pg_coll.c): inside a host the segment, else recursive doubling (small)
+ * or CMA, else Gloo's ring; between hosts recursive doubling or the ring. */
 
 /* Step 3 on b (bytes, 4-aligned): sums as int64 or int32 words, the last
  * 1-3 bytes (f16/bf16, odd count) as one more int32. */
 static int sum_bits(dg_coll *sc, unsigned char *b, size_t bytes) {
   int wide = bytes % 8 == 0 && (uintptr_t)b % 8 == 0;
   size_t isz = wide ? 8 : 4, words = bytes / isz, tail = bytes - words * isz;
-  int rc = words ? local_allreduce(sc, b, words, wide ? DG_I64 : DG_I32, DG_RED_SUM) : DG_OK;
+  int rc = words ? dg__allreduce_auto(sc, b, words, wide ? DG_I64 : DG_I32, DG_RED_SUM) : DG_OK;
   if (rc == DG_OK && tail) {
     int32_t t = 0;
     memcpy(&t, b + words * isz, tail);
-    rc = local_allreduce(sc, &t, 1, DG_I32, DG_RED_SUM);
+    rc = dg__allreduce_auto(sc, &t, 1, DG_I32, DG_RED_SUM);
     memcpy(b + words * isz, &t, tail);
   }
   return rc;
@@ -118,14 +102,14 @@ int dg__allreduce_hier(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redo
   if (op == DG_RED_AVG) op = DG_RED_SUM; /* divided by the group's size after */
   if (pg->hier_local) {
     step_init(&sc, &sw, c, pg->hier_local);
-    if ((rc = local_allreduce(&sc, b, count, dt, op)) != DG_OK) return step_failed(c, &sw, rc);
+    if ((rc = dg__allreduce_auto(&sc, b, count, dt, op)) != DG_OK) return step_failed(c, &sw, rc);
   }
   if (pg->hier_cross) {
     dg_coll xc;
     dg_work xw;
     step_init(&xc, &xw, c, pg->hier_cross);
     shard(count, pg->hier_shards, pg->hier_lrank, &off, &n);
-    if (n && (rc = cross_allreduce(&xc, b + off * es, n, dt, op)) != DG_OK)
+    if (n && (rc = dg__allreduce_auto(&xc, b + off * es, n, dt, op)) != DG_OK)
       return step_failed(c, &xw, rc);
   }
   if (pg->hier_local) {

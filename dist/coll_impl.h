@@ -20,9 +20,6 @@ int dg__allreduce_direct(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_re
 int dg__reduce_scatter(dg_coll *c, const void *in, void *out, size_t count, dg_dtype dt,
                        dg_redop op);
 
-/* dgrad-only allreduce choice: latency-bound up to this many bytes. */
-#define DG_SMALL_BYTES (64u << 10)
-
 /* coll_cma.c: this rank's host identity (what tells hosts apart):
  * opts.host_id when set (returns 1; DG_HOST_ID: several "hosts" on one
  * machine), else the host name (returns 0). */
@@ -39,6 +36,13 @@ int dg__cma_setup(dg_pg *pg, const uint64_t *probe_addr, const char *const *host
 /* coll_hier.c: a group over several hosts (pg->hier): allreduce inside
  * each host, then between hosts by shard, then back inside each host. */
 int dg__allreduce_hier(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
+/* pg_coll.c: the allreduce DG_ALGO_AUTO picks on c's group, c's slot as
+ * set (coll_hier.c's steps on its internal groups). */
+int dg__allreduce_auto(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);
+/* coll_cma.c: a collective over pg at its creation (before the worker
+ * runs), on a slot outside ProcessGroupGloo's prefixes, deadline the
+ * group's timeout: the agreements of coll_cma.c and pg_hier.c. */
+void dg__setup_coll(dg_pg *pg, dg_work *w, dg_coll *c);
 
 /* coll_shm.c: allreduce through a segment shared by all ranks on a host. */
 int dg__allreduce_shm(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op);

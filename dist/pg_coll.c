@@ -8,6 +8,9 @@
 #include "dist/coll_impl.h"
 #include "base/common_impl.h"
 
+/* dgrad-only allreduce choice: latency-bound up to this many bytes. */
+#define DG_SMALL_BYTES (64u << 10)
+
 static uint64_t slot_of(int prefix, uint32_t tag) {
   return ((uint64_t)prefix << 56) | ((uint64_t)tag << 24);
 }
@@ -40,22 +43,31 @@ dg_algo dg_pg_allreduce_algo(dg_pg *pg, size_t count, dg_dtype dt) {
   return choose(pg, a, count * dg_dtype_size(dt));
 }
 
+/* Algorithm a on c's group (its slot set); AVG divides at the end. */
+static int run_algo(dg_coll *c, dg_algo a, void *buf, size_t count, dg_dtype dt, dg_redop op) {
+  c->eager = a != DG_ALGO_RING;
+  int rc;
+  if (c->size == 1 || count == 0) rc = DG_OK;
+  else if (a == DG_ALGO_RING) rc = dg__gloo_allreduce_ring(c, buf, count, dt, op);
+  else if (a == DG_ALGO_HALVING_DOUBLING) rc = dg__allreduce_rd(c, buf, count, dt, op);
+  else if (a == DG_ALGO_SHM) rc = dg__allreduce_shm(c, buf, count, dt, op);
+  else if (a == DG_ALGO_CMA) rc = dg__allreduce_cma(c, buf, count, dt, op);
+  else if (a == DG_ALGO_HIER) rc = dg__allreduce_hier(c, buf, count, dt, op);
+  else rc = dg__allreduce_direct(c, buf, count, dt, op);
+  if (rc == DG_OK && op == DG_RED_AVG && a != DG_ALGO_SHM) dg__scale_div(buf, count, dt, c->size);
+  return rc;
+}
+
+int dg__allreduce_auto(dg_coll *c, void *buf, size_t count, dg_dtype dt, dg_redop op) {
+  return run_algo(c, choose(c->pg, DG_ALGO_AUTO, count * dg_dtype_size(dt)), buf, count, dt, op);
+}
+
 static int run_allreduce(dg_coll *c, void *arg) {
   (void)arg;
   dg_work *w = c->w;
-  dg_algo a = choose(c->pg, w->algo, w->count * dg_dtype_size(w->dt));
   c->slot = slot_of(DG_SLOT_ALLREDUCE, w->tag);
-  c->eager = a != DG_ALGO_RING;
-  int rc;
-  if (c->size == 1 || w->count == 0) rc = DG_OK;
-  else if (a == DG_ALGO_RING) rc = dg__gloo_allreduce_ring(c, w->buf, w->count, w->dt, w->op);
-  else if (a == DG_ALGO_HALVING_DOUBLING) rc = dg__allreduce_rd(c, w->buf, w->count, w->dt, w->op);
-  else if (a == DG_ALGO_SHM) rc = dg__allreduce_shm(c, w->buf, w->count, w->dt, w->op);
-  else if (a == DG_ALGO_CMA) rc = dg__allreduce_cma(c, w->buf, w->count, w->dt, w->op);
-  else if (a == DG_ALGO_HIER) rc = dg__allreduce_hier(c, w->buf, w->count, w->dt, w->op);
-  else rc = dg__allreduce_direct(c, w->buf, w->count, w->dt, w->op);
-  if (rc == DG_OK && w->op == DG_RED_AVG && a != DG_ALGO_SHM) dg__scale_div(w->buf, w->count, w->dt, c->size);
-  return rc;
+  return run_algo(c, choose(c->pg, w->algo, w->count * dg_dtype_size(w->dt)), w->buf, w->count,
+                  w->dt, w->op);
 }
 
 static int run_broadcast(dg_coll *c, void *arg) {

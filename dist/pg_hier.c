@@ -62,10 +62,9 @@ static int layout_make(layout *l, int W, const char *const *hosts) {
 /* MIN-allreduce of v (n int64) over the root group at creation (the slot
  * of coll_cma.c's agreement: cross-memory attach and the segment). */
 static int agree_min(dg_pg *pg, int64_t *v, size_t n, char *err, size_t cap) {
-  dg_work w = {.pg = pg, .kind = DG_W_ALLREDUCE};
-  dg_coll c = {.pg = pg, .w = &w, .x = pg->x, .rank = pg->rank, .size = pg->size,
-               .slot = (uint64_t)9 << 56, .deadline = dg__deadline(0, pg->timeout_ms),
-               .eager = 1};
+  dg_work w;
+  dg_coll c;
+  dg__setup_coll(pg, &w, &c);
   int rc = dg__allreduce_rd(&c, v, n, DG_I64, DG_RED_MIN);
   if (rc != DG_OK) dg__fail_msg(err, cap, rc, "hierarchical allreduce set-up: %s", w.err);
   return rc;
