@@ -12,6 +12,8 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <linux/sockios.h>
 #include <sys/uio.h>
 #include <sched.h>
 #include <time.h>
@@ -673,7 +675,18 @@ static int tcp_error(dg_xport *xp, char *msg, size_t cap) {
   return e;
 }
 
-/* Says goodbye (dgrad-only groups), drains queues for up to a second. */
+/* Whether pair p still holds bytes the peer has not acknowledged: in our
+ * queue, or in the kernel's send buffer. Closing a socket with unread
+ * input resets the connection and drops that buffer, so a rank leaving
+ * right after its last send over a slow link (a final broadcast relayed
+ * through it) would cut the peer off mid-message. */
+static int unsent(const dg_tcp_pair *p) {
+  int unacked = 0;
+  return p->fd >= 0 && (p->out || (ioctl(p->fd, SIOCOUTQ, &unacked) == 0 && unacked > 0));
+}
+
+/* Says goodbye (dgrad-only groups), drains queues, ours and the kernel's,
+ * for up to two seconds. */
 static void say_bye(dg_tcp_xport *x) {
   pthread_mutex_lock(&x->mu);
   for (int i = 0; i < x->base.size && x->base.all_dgrad && !x->err; i++) {
@@ -681,11 +694,11 @@ static void say_bye(dg_tcp_xport *x) {
     if (i == x->base.rank || p->fd < 0) continue;
     if (queue_msg(x, p, DG_TCP_BYE, 0, 0, NULL, 0, NULL) == DG_OK) flush(x, p);
   }
-  int64_t dl = dg__now_ms() + 1000;
+  int64_t dl = dg__now_ms() + 2000;
   for (;;) {
     int busy = 0;
-    for (int i = 0; i < x->base.size; i++)
-      if (i != x->base.rank && x->pairs[i].out && x->pairs[i].fd >= 0) busy = 1;
+    for (int i = 0; i < x->base.size && !busy; i++)
+      busy = i != x->base.rank && unsent(&x->pairs[i]);
     if (!busy || x->err || dg__now_ms() >= dl || !x->thr_started) break;
     pthread_mutex_unlock(&x->mu);
     usleep(1000);
