@@ -3,7 +3,8 @@
  *   dg_fault loop DIR OUT  joins from the environment, all-reduces in a loop
  *                          until the group fails, then writes to OUT the
  *                          CLOCK_MONOTONIC ms of the failure and the message;
- *                          exits 3 (DIR/ready_<rank> once joined)
+ *                          exits 3 (DIR/ready_<rank> once joined);
+ *                          DG_FAULT_PAUSE_MS: a pause before each one
  *   dg_fault once DIR      reduce_scatter must fail at once with
  *                          DG_EUNSUPPORTED (torch gloo has none) and leave
  *                          the group usable: one all-reduce and a barrier
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dgrad/dist.h"
 
@@ -49,7 +51,11 @@ static int loop(const char *dir, const char *out) {
   static float b[4096];
   int rc = dg_pg_allreduce_sync(pg, b, 4096, DG_F32, DG_RED_SUM);
   touch(dir, dg_pg_rank(pg));
-  while (rc == DG_OK) rc = dg_pg_allreduce_sync(pg, b, 4096, DG_F32, DG_RED_SUM);
+  const char *pause = getenv("DG_FAULT_PAUSE_MS"); /* idle between all-reduces */
+  while (rc == DG_OK) {
+    if (pause) usleep(1000 * (useconds_t)atoi(pause));
+    rc = dg_pg_allreduce_sync(pg, b, 4096, DG_F32, DG_RED_SUM);
+  }
   long long t = now_ms();
   FILE *f = fopen(out, "w");
   if (f) {

@@ -4,6 +4,9 @@
  *                               torch rank) is killed with SIGKILL; every
  *                               dgrad rank must fail well before the group's
  *                               timeout, naming rank V
+ *   fault_driver kill_idle ...  the same with the dgrad ranks pausing 300 ms
+ *                               between all-reduces, so that V dies while
+ *                               they are in none
  *   fault_driver rs LAYOUT      reduce_scatter fails at once with
  *                               DG_EUNSUPPORTED and the group goes on
  *   fault_driver ucx LAYOUT     DG_BACKEND=ucx with torch ranks fails the
@@ -154,6 +157,10 @@ int main(int argc, char **argv) {
   if (argc < 4) return 2;
   const char *what = argv[1];
   int store = !strcmp(what, "store"), kill_ = !strcmp(what, "kill");
+  if (!strcmp(what, "kill_idle")) { /* the kill lands while the dgrad ranks are between ops */
+    kill_ = 1;
+    setenv("DG_FAULT_PAUSE_MS", "300", 1);
+  }
   const char *lay = store ? "" : argv[2];
   dg_exe = argv[argc - 2];
   torch_py = argv[argc - 1];

@@ -527,23 +527,34 @@ static int any_busy(const dg_tcp_xport *x) {
   return 0;
 }
 
+/* Whether the first peer that closed, not `peer`, is the one to blame for
+ * peer's failure: it closed while this rank was in an operation, or shortly
+ * before (a rank killed between two operations: its neighbours fail the
+ * next one and close theirs a few ms later). A torch rank that finished
+ * and left long ago is not blamed. */
+static int blame_gone(const dg_tcp_xport *x, int peer) {
+  return x->gone >= 0 && x->gone != peer &&
+         (x->gone_busy || dg__now_ms() - x->gone_ms < 1000);
+}
+
 static void on_eof(dg_tcp_xport *x, dg_tcp_pair *p, int err) {
   const char *why = err ? strerror(err) : "connection closed";
   if (p->state == DG_PAIR_BYE || (!pair_busy(p) && !x->base.all_dgrad)) {
     /* A peer that left cleanly: only ops that need it fail from now on. */
     DG_LOGD("tcp transport rank %d: rank %d left (%s)", x->base.rank, p->peer, why);
-    if (p->state != DG_PAIR_BYE && x->gone < 0 && any_busy(x)) {
-      x->gone = p->peer; /* mid-operation: remembered in case a failure follows */
+    if (p->state != DG_PAIR_BYE && x->gone < 0) {
+      x->gone = p->peer; /* remembered in case a failure follows */
       x->gone_ms = dg__now_ms();
+      x->gone_busy = any_busy(x);
     }
     if (p->state == DG_PAIR_BYE) pair_left(x, p);
     else close_pair(x, p, DG_EPEER);
     pthread_cond_broadcast(&x->cv);
     return;
   }
-  if (x->gone >= 0 && x->gone != p->peer) {
+  if (blame_gone(x, p->peer)) {
     xfail(x, DG_EPEER, x->gone, "rank %d closed its connection first, %lld ms before rank %d "
-          "(%s) closed its own (%s), both while this rank was in an operation: rank %d "
+          "(%s) closed its own (%s) while this rank was in an operation: rank %d "
           "probably failed, and rank %d exited because of it (torch ranks do not say which "
           "peer failed)", x->gone, (long long)(dg__now_ms() - x->gone_ms), p->peer, p->addr,
           why, x->gone, p->peer);
@@ -657,9 +668,9 @@ static int tcp_wait(dg_xport *xp, dg_xop *op, int64_t deadline_ms) {
 static void tcp_abort(dg_xport *xp, int code, int peer, const char *msg) {
   dg_tcp_xport *x = X(xp);
   pthread_mutex_lock(&x->mu);
-  if (code == DG_ETIMEDOUT && x->gone >= 0 && x->gone != peer) /* waiting for a live rank */
-    xfail(x, code, x->gone, "%s; rank %d had closed its connection %lld ms earlier, while this "
-          "rank was in an operation: rank %d probably failed first", msg, x->gone,
+  if (code == DG_ETIMEDOUT && blame_gone(x, peer)) /* waiting for a live rank */
+    xfail(x, code, x->gone, "%s; rank %d had closed its connection %lld ms earlier: rank %d "
+          "probably failed first", msg, x->gone,
           (long long)(dg__now_ms() - x->gone_ms), x->gone);
   else
     xfail(x, code, peer, "%s", msg);

@@ -82,12 +82,13 @@ typedef struct {
   dg_tcp_pair *pairs; /* (size); pairs[rank] unused */
   int err;
   char errmsg[512];
-  /* Mixed groups: the first peer whose connection closed while this rank had
-   * an operation in flight that did not need it (-1: none), and when (ms).
-   * A torch rank says nothing before it exits, and its neighbours exit
-   * when it dies: the first to go is the likely root of a failure. */
+  /* Mixed groups: the first peer whose connection closed without a goodbye
+   * and without failing an operation that needed it (-1: none), and when
+   * (ms). A torch rank says nothing before it exits, and its neighbours
+   * exit when it dies: the first to go is the likely root of a failure. */
   int gone;
   int64_t gone_ms;
+  int gone_busy;    /* this rank was in an operation then */
   int timeout_ms;
   int spin_us; /* busy-poll before sleeping in wait (DG_SPIN_US) */
   int loop_wants_lock; /* the progress thread is queueing for mu: spinners back off */
