@@ -21,6 +21,10 @@ typedef struct dg_coll dg_coll;
  * (may be NULL). */
 int dg__pg_error(dg_pg *pg, char *msg, size_t cap);
 int dg__pg_timeout_ms(const dg_pg *pg);
+/* Fails the group (sticky, as a failed collective does): every pending
+ * work completes with code and peers are told msg. For a layer that posted
+ * receives it can no longer wait for (the pipe after a failed step). */
+void dg__pg_abort(dg_pg *pg, int code, const char *msg);
 /* 1 when allreduces of this group go through shared memory by default. */
 int dg__pg_local_shm(const dg_pg *pg);
 /* The link model of dg_pg_opts.link (benchmarks), or NULL. */

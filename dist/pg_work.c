@@ -389,6 +389,10 @@ int dg__pg_error(dg_pg *pg, char *msg, size_t cap) {
 
 int dg__pg_timeout_ms(const dg_pg *pg) { return pg->timeout_ms; }
 
+void dg__pg_abort(dg_pg *pg, int code, const char *msg) {
+  if (pg->x->vt->error(pg->x, NULL, 0) == DG_OK) pg->x->vt->abort(pg->x, code, -1, msg);
+}
+
 const dg_link_model *dg__pg_link(const dg_pg *pg) {
   return pg->link.allreduce_end || pg->link.bucket_end ? &pg->link : NULL;
 }

@@ -5,7 +5,12 @@
  * backward ran and its sends completed, so 1F1B holds fewer than GPipe; all
  * of them accumulate into the stage's parameter store. Sends are
  * asynchronous; receives wait, bounded by the group's timeout (the table was
- * proven deadlock-free before it ran). With re-materialization the forward
+ * proven deadlock-free before it ran). Receives are posted ahead, so that
+ * a message lands while the stage computes instead of after it asks: a
+ * micro-batch's gradient when its activation is sent, the next activation
+ * (header and data, into a staging buffer of the step's boundary size) when
+ * the current one arrived. Point-to-point messages wait for their receive
+ * (Gloo's protocol), so without that every boundary paid a round trip. With re-materialization the forward
  * runs without a tape in a scratch context and the backward recomputes the
  * stage there first. With opts.swap the contexts that hold a tape swap:
  * the pool's, or with re-materialization the scratch context. */
@@ -19,6 +24,7 @@
 #include "dgrad/pipe.h"
 #include "core/core_impl.h"
 #include "dist/net/net_impl.h"
+#include "dist/pg_ext.h"
 #include "dist/pipe_plan.h"
 #include "dist/pipe_profile.h"
 #include "base/trace_impl.h"
@@ -32,7 +38,17 @@ typedef struct {
   int slot;                         /* pool context, -1: none */
   int done;                         /* every action ran; waits for its sends */
   dg_work *sends[NSENDS];
+  dg_work *grecv;                   /* gout's receive, posted with the activation's send */
 } pipe_mb;
+
+/* The next activation's receives, posted ahead into pipe-owned memory. */
+typedef struct {
+  int mb;                   /* the micro-batch posted, -1: none */
+  dg_work *hdr, *data;
+  int64_t h[HDR];
+  void *buf;                /* the step's boundary bytes; grows, never shrinks */
+  size_t cap;
+} pipe_ahead;
 
 struct dg_pipe {
   dg_pg *pg, *dp;
@@ -49,6 +65,7 @@ struct dg_pipe {
   int64_t *hdr_out;    /* (M, HDR) headers sent, alive until their sends end */
   int64_t hdr_in[HDR]; /* the header being received (used at once) */
   int64_t shape0[HDR - 1]; /* the step's boundary: ndim, dtype, shape */
+  pipe_ahead ahead;
   float *bufsave;      /* running statistics kept across a recomputation */
   size_t nbuf;
   double *cost;        /* measured per-layer cost, or NULL */
@@ -206,6 +223,7 @@ static int alloc_state(dg_pipe *p, char *err, size_t cap) {
   if (!p->mb || !p->hdr_out || (p->remat && p->nbuf && !p->bufsave))
     return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
   for (size_t m = 0; m < M; m++) p->mb[m].slot = -1;
+  p->ahead.mb = -1;
   return DG_OK;
 }
 
@@ -278,8 +296,12 @@ int dg_pipe_new(dg_pipe **out, dg_pg *pg, dg_module *seq, dg_params *ps, uint64_
 
 void dg_pipe_free(dg_pipe *p) {
   if (!p) return;
-  for (int m = 0; p->mb && m < p->M; m++)
+  for (int m = 0; p->mb && m < p->M; m++) {
     for (int j = 0; j < NSENDS; j++) dg_work_free(p->mb[m].sends[j]);
+    dg_work_free(p->mb[m].grecv);
+  }
+  dg_work_free(p->ahead.hdr), dg_work_free(p->ahead.data);
+  dg__free(p->ahead.buf);
   for (int k = 0; p->pool && k < p->npool; k++) dg_ctx_free(p->pool[k]);
   dg_ctx_free(p->rctx);
   dg__free(p->pool), dg__free(p->owner), dg__free(p->mb), dg__free(p->hdr_out);
@@ -373,6 +395,8 @@ static int retire(dg_pipe *p, int m) {
     dg_work_free(b->sends[j]);
     b->sends[j] = NULL;
   }
+  dg_work_free(b->grecv); /* pending only after a failure (end_step aborted the group) */
+  b->grecv = NULL;
   p->wait += now_s() - t0;
   if (b->slot >= 0) {
     dg_ctx_reset(p->pool[b->slot]);
@@ -432,19 +456,35 @@ typedef struct {
   int64_t mb; /* rows per micro-batch */
 } step_args;
 
-/* Receives n elements from src and waits (bounded by the group's timeout). */
-static int recv_wait(dg_pipe *p, void *buf, size_t n, dg_dtype dt, int src, uint32_t tag,
-                     const char *what, int m) {
-  dg_work *w = NULL;
+/* Posts a receive of n elements from src into *w. */
+static int post_recv(dg_pipe *p, void *buf, size_t n, dg_dtype dt, int src, uint32_t tag,
+                     dg_work **w, const char *what, int m) {
+  int rc = dg_pg_recv(p->pg, buf, n, dt, src, tag, w);
+  if (rc)
+    FAIL(p, rc, "pipe step %lld: stage %d: %s of micro-batch %d from stage %d: %s",
+         (long long)p->step, p->s, what, m, src, dg_pg_errmsg(p->pg));
+  return rc;
+}
+
+/* Waits for a posted receive (bounded by the group's timeout), frees it. */
+static int wait_recv(dg_pipe *p, dg_work **w, int src, const char *what, int m) {
   double t0 = now_s();
-  int rc = dg_pg_recv(p->pg, buf, n, dt, src, tag, &w);
-  if (!rc) rc = dg_work_wait(w, 0);
+  int rc = dg_work_wait(*w, 0);
   p->wait += now_s() - t0;
   if (rc)
     FAIL(p, rc, "pipe step %lld: stage %d: %s of micro-batch %d from stage %d: %s",
-         (long long)p->step, p->s, what, m, src, w ? dg_work_errmsg(w) : dg_pg_errmsg(p->pg));
-  dg_work_free(w);
+         (long long)p->step, p->s, what, m, src, dg_work_errmsg(*w));
+  dg_work_free(*w);
+  *w = NULL;
   return rc;
+}
+
+/* Receives n elements from src and waits. */
+static int recv_wait(dg_pipe *p, void *buf, size_t n, dg_dtype dt, int src, uint32_t tag,
+                     const char *what, int m) {
+  dg_work *w = NULL;
+  int rc = post_recv(p, buf, n, dt, src, tag, &w, what, m);
+  return rc ? rc : wait_recv(p, &w, src, what, m);
 }
 
 static int post_send(dg_pipe *p, const void *buf, size_t n, dg_dtype dt, int dst, uint32_t tag,
@@ -468,26 +508,71 @@ static int bad_boundary(dg_pipe *p, int m, const int64_t *h) {
               dg__dims_str((int)p->shape0[0], p->shape0 + 2, b, sizeof b));
 }
 
-/* Header then data; the receiver checks the header against the step's first. */
-static int recv_act(dg_pipe *p, int m) {
-  dg_ctx *c = acquire(p, m);
-  if (!c) return DG_ESTATE;
-  int64_t *h = p->hdr_in;
-  int rc = recv_wait(p, h, HDR, DG_I64, p->s - 1, TAG_ACT, "receiving the activation header", m);
-  if (rc) return rc;
+static int check_header(dg_pipe *p, int m, const int64_t *h) {
   if (h[0] < 1 || h[0] > DG_MAX_DIMS || h[1] < 0 || h[1] >= DG_NDTYPES || h[HDR - 1] != p->step)
     return FAIL(p, DG_EPEER, "pipe step %lld: stage %d: micro-batch %d: a malformed activation "
                 "header from stage %d (ndim %lld, dtype %lld, step %lld)", (long long)p->step,
                 p->s, m, p->s - 1, (long long)h[0], (long long)h[1], (long long)h[HDR - 1]);
   if (m == 0) memcpy(p->shape0, h, sizeof p->shape0);
   else if (memcmp(p->shape0, h, sizeof p->shape0)) return bad_boundary(p, m, h);
+  return DG_OK;
+}
+
+static size_t boundary_bytes(const int64_t *h) {
+  size_t n = dg_dtype_size((dg_dtype)h[1]);
+  for (int d = 0; d < (int)h[0]; d++) n *= (size_t)h[2 + d];
+  return n;
+}
+
+/* Posts micro-batch m's header and data receives into p->ahead, sized as
+ * the step's boundary (a sender whose m differs in bytes fails the
+ * transport with both sizes; one that differs in shape only fails the
+ * header check). */
+static int post_ahead(dg_pipe *p, int m) {
+  pipe_ahead *a = &p->ahead;
+  const size_t n = boundary_bytes(p->shape0);
+  if (n > a->cap) { /* the first step, or a bigger boundary: not in steady state */
+    void *b = dg__malloc(n);
+    if (!b) return FAIL(p, DG_ENOMEM, "pipe: stage %d: out of memory", p->s);
+    dg__free(a->buf);
+    a->buf = b, a->cap = n;
+  }
+  a->mb = m;
+  int rc = post_recv(p, a->h, HDR, DG_I64, p->s - 1, TAG_ACT, &a->hdr,
+                     "receiving the activation header", m);
+  const dg_dtype dt = (dg_dtype)p->shape0[1];
+  if (!rc) rc = post_recv(p, a->buf, n / dg_dtype_size(dt), dt, p->s - 1, TAG_ACT, &a->data,
+                          "receiving the activation", m);
+  return rc;
+}
+
+/* Header then data (posted ahead, or now for a step's first micro-batch);
+ * the header is checked against the step's first. */
+static int recv_act(dg_pipe *p, int m) {
+  dg_ctx *c = acquire(p, m);
+  if (!c) return DG_ESTATE;
+  pipe_ahead *a = &p->ahead;
+  const int early = a->mb == m;
+  int64_t *h = early ? a->h : p->hdr_in;
+  int rc = early ? wait_recv(p, &a->hdr, p->s - 1, "receiving the activation header", m)
+                 : recv_wait(p, h, HDR, DG_I64, p->s - 1, TAG_ACT,
+                             "receiving the activation header", m);
+  if (!rc) rc = check_header(p, m, h);
+  if (rc) return rc;
   const dg_dtype dt = (dg_dtype)h[1];
   dg_tensor *x = dg_empty(c, dt, (int)h[0], h + 2);
   if (!x) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
-  rc = recv_wait(p, dg_tensor_data(x), (size_t)dg_tensor_numel(x), dt, p->s - 1, TAG_ACT,
-                 "receiving the activation", m);
+  if (early) {
+    rc = wait_recv(p, &a->data, p->s - 1, "receiving the activation", m);
+    a->mb = -1;
+    if (!rc) memcpy(dg_tensor_data(x), a->buf, boundary_bytes(h));
+  } else {
+    rc = recv_wait(p, dg_tensor_data(x), (size_t)dg_tensor_numel(x), dt, p->s - 1, TAG_ACT,
+                   "receiving the activation", m);
+  }
   if (dt == DG_F32 && !p->eval) dg_tensor_set_requires_grad(x, 1);
   p->mb[m].in = x;
+  if (!rc && m + 1 < p->M) rc = post_ahead(p, m + 1);
   return rc;
 }
 
@@ -505,6 +590,14 @@ static int send_act(dg_pipe *p, int m) {
     rc = post_send(p, dg_tensor_data(y), (size_t)dg_tensor_numel(y), dg_tensor_dtype(y),
                    p->s + 1, TAG_ACT, "sending the activation", m, S_ACT);
   if (!rc && p->eval) p->mb[m].done = 1; /* nothing comes back */
+  if (!rc && !p->eval && dg_tensor_dtype(y) == DG_F32) { /* the gradient's receive, now */
+    pipe_mb *b = &p->mb[m];
+    dg_ctx *c = p->pool[b->slot];
+    b->gout = dg_empty(c, DG_F32, dg_tensor_ndim(y), dg_tensor_shape(y));
+    if (!b->gout) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
+    rc = post_recv(p, dg_tensor_data(b->gout), (size_t)dg_tensor_numel(b->gout), DG_F32,
+                   p->s + 1, TAG_GRAD, &b->grecv, "receiving the gradient", m);
+  }
   return rc;
 }
 
@@ -562,14 +655,11 @@ static int forward(dg_pipe *p, const step_args *a, int m) {
   return DG_OK;
 }
 
+/* Waits for the receive send_act posted. */
 static int recv_grad(dg_pipe *p, int m) {
   pipe_mb *b = &p->mb[m];
-  if (dg_tensor_dtype(b->out) != DG_F32) return DG_OK; /* no gradient flows through it */
-  dg_ctx *c = p->pool[b->slot];
-  b->gout = dg_empty(c, DG_F32, dg_tensor_ndim(b->out), dg_tensor_shape(b->out));
-  if (!b->gout) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
-  return recv_wait(p, dg_tensor_data(b->gout), (size_t)dg_tensor_numel(b->gout), DG_F32,
-                   p->s + 1, TAG_GRAD, "receiving the gradient", m);
+  if (!b->grecv) return DG_OK; /* an integer boundary: no gradient flows through it */
+  return wait_recv(p, &b->grecv, p->s + 1, "receiving the gradient", m);
 }
 
 /* Re-materialization: the stage again, with a tape, in the scratch context;
@@ -641,8 +731,15 @@ static void trace_action(const dg_pipe *p, const dg__pipe_action *act, uint64_t 
 
 /* ---- a step ---- */
 
-/* Ends a step: every send finished, every context back in the pool. */
-static int end_step(dg_pipe *p, int rc) {
+/* Ends a step: every send finished, every context back in the pool. A step
+ * that failed after its first action left the stages out of step, and its
+ * receives posted ahead wait for messages that may never come: the group
+ * is failed first, so that they end and the other stages fail at once with
+ * this stage's message instead of at their timeout. */
+static int end_step(dg_pipe *p, int rc, int started) {
+  if (rc && started) dg__pg_abort(p->pg, rc, p->errmsg);
+  dg_work_free(p->ahead.hdr), dg_work_free(p->ahead.data);
+  p->ahead.hdr = p->ahead.data = NULL, p->ahead.mb = -1;
   for (int m = 0; m < p->M; m++) {
     int e = retire(p, m);
     if (e && !rc) rc = e;
@@ -688,6 +785,7 @@ static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn los
   p->errmsg[0] = '\0';
   p->loss_sum = 0, p->wait = 0, p->eval = eval, p->st.arena_peak = 0;
   int rc = check_inputs(p, &a);
+  const int started = !rc;
   dg_tensor *rows = p->s == 0 ? x : targets;
   if (!rc && rows) a.mb = dg_tensor_dim(rows, 0) / p->M;
   if (eval) { /* receive, forward, send: each micro-batch in turn */
@@ -705,7 +803,7 @@ static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn los
       track_memory(p);
     }
   }
-  rc = end_step(p, rc);
+  rc = end_step(p, rc, started);
   if (!rc && !eval && p->dp) rc = dp_sync(p);
   rc = share_loss(p, rc, loss);
   p->eval = 0;

@@ -5,6 +5,8 @@
  *   pipe_mlp --mode ddp                         2 ranks x 1 thread, DDP, B/2 each
  *   pipe_mlp --mode pipe [--micro M] [--schedule gpipe|1f1b] [--balance even|time]
  *                                               2 stages x 1 thread
+ *   pipe_mlp --mode gemm [--micro M]            OpenBLAS sgemm alone on the model's GEMMs
+ *                                               (1 thread): B rows against M x B/M rows
  *   common: [--batch B] [--steps S] [--warmup N] [--layers 1024,1024,...,10] [--remat]
  *
  * Ranks are forked here and meet through a FileStore in a temp dir (TCP on
@@ -23,17 +25,15 @@
 
 #include <dgrad.h>
 
+#include "bench/bench_util.h"
+#include "bench/roofline.h"
+
 typedef struct {
   const char *mode, *layers;
   int micro, one_f_one_b, balance_time, remat, threads;
   long batch, steps, warmup;
 } bopts;
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static int parse(int argc, char **argv, bopts *o) {
   *o = (bopts){"single", "1024,1024,1024,1024,1024,10", 8, 0, 0, 0, 1, 512, 20, 3};
@@ -217,11 +217,35 @@ static int run_pipe(const bopts *o, int r, const char *dir) {
   return 0;
 }
 
+/* The GEMMs of a step at B rows against M micro-batches of B/M rows: a
+ * pipe's stages together cannot beat the second, however they overlap. */
+static int run_gemm(const bopts *o) {
+  int w[32], n = 0, ng[2] = {0, 0};
+  for (const char *p = o->layers; *p && n < 32; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
+    w[n++] = atoi(p);
+  rl_gemm g[2][96];
+  for (int k = 0; k < 2; k++) {
+    const int64_t rows = k ? o->batch / o->micro : o->batch;
+    for (int i = 0; i + 1 < n; i++) rl_linear(g[k], &ng[k], rows, w[i], w[i + 1], i > 0);
+    for (int i = 0; k && i < ng[k]; i++) g[k][i].count *= o->micro;
+  }
+  rl_result r[2];
+  if (roofline_measure(g[0], ng[0], 1, 300, &r[0]) || roofline_measure(g[1], ng[1], 1, 300, &r[1])) {
+    fprintf(stderr, "pipe_mlp: --mode gemm needs a build with OpenBLAS\n");
+    return 1;
+  }
+  printf("{\"mode\": \"gemm\", \"batch\": %ld, \"micro\": %d, \"layers\": \"%s\", "
+         "\"sgemm_s_batch\": %.6f, \"sgemm_s_micro\": %.6f, \"micro_over_batch\": %.3f}\n",
+         o->batch, o->micro, o->layers, r[0].sgemm_s, r[1].sgemm_s, r[1].sgemm_s / r[0].sgemm_s);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   bopts o;
   if (parse(argc, argv, &o)) return 2;
   dg_set_num_threads(o.threads);
   if (!strcmp(o.mode, "single")) return run_plain(&o, 0, 1, NULL);
+  if (!strcmp(o.mode, "gemm")) return run_gemm(&o);
   char dir[] = "/tmp/dg_pipe_bench_XXXXXX";
   if (!mkdtemp(dir)) return 1;
   pid_t pid[2];

@@ -8,11 +8,15 @@ round, --runs rounds) and prints medians:
     samples/s against one process with 1 and 2 threads and DDP on 2 ranks at
     the same global batch, each stage's arena peak;
   - balance quality on a model with uneven layers: max over mean stage busy
-    time, split evenly by layer count against split by measured time.
+    time, split evenly by layer count against split by measured time;
+  - the GEMM bound: OpenBLAS sgemm alone on the model's GEMMs at B rows
+    against M micro-batches of B/M rows (1 thread), so the speed-up no
+    schedule can pass at that micro-batch size: 2 x (1 - theory idle) x
+    sgemm(B rows) / sgemm(M x B/M rows).
 PyTorch 1.13 has no multi-process pipeline on CPU: the anchors are the
 theory and dgrad's own single-process and DDP runs.
 
-  bench/pipe/run_pipe.py [--build build] [--runs 5] [--steps 20] [--out FILE]
+  bench/pipe/run_pipe.py [--build build] [--runs 5] [--steps 20] [--batch 512] [--out FILE]
 """
 import argparse
 import datetime
@@ -40,14 +44,16 @@ def run(exe, args):
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-def configs(steps):
-    base = ["--steps", str(steps)]
+def configs(steps, batch):
+    base = ["--steps", str(steps), "--batch", str(batch)]
     cf = {"single_t1": base + ["--mode", "single"],
           "single_t2": base + ["--mode", "single", "--threads", "2"],
           "ddp": base + ["--mode", "ddp"]}
     for m in (1, 2, 4, 8, 16):
         for sched in ("gpipe", "1f1b"):
             cf[f"pipe_{sched}_m{m}"] = base + ["--mode", "pipe", "--micro", str(m), "--schedule", sched]
+    for m in (1, 2, 4, 8, 16):
+        cf[f"gemm_m{m}"] = base + ["--mode", "gemm", "--micro", str(m)]
     for bal in ("even", "time"):
         cf[f"uneven_{bal}"] = base + ["--mode", "pipe", "--micro", "8", "--schedule", "1f1b",
                                       "--layers", UNEVEN, "--balance", bal]
@@ -59,39 +65,46 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     exe = os.path.join(a.build, "bench", "pipe", "pipe_mlp")
-    cf = configs(a.steps)
+    cf = configs(a.steps, a.batch)
     res = {k: [] for k in cf}
     for r in range(a.runs):
         for k, args in cf.items():
             res[k].append(run(exe, args))
         print(f"round {r + 1}/{a.runs} done", file=sys.stderr)
     med = statistics.median
-    sps = {k: med(max(x["samples_per_s"] for x in rnd) for rnd in v) for k, v in res.items()}
+    sps = {k: med(max(x["samples_per_s"] for x in rnd) for rnd in v) for k, v in res.items()
+           if not k.startswith("gemm")}
+    gemm = {m: med(rnd[0]["micro_over_batch"] for rnd in res[f"gemm_m{m}"]) for m in (1, 2, 4, 8, 16)}
     cpu = cpu_model()
     date = datetime.datetime.now().isoformat(timespec="minutes")
     rows = []
-    print(f"CPU: {cpu}, {os.cpu_count()} cores, {date}, {a.runs} interleaved rounds, median")
+    print(f"CPU: {cpu}, {os.cpu_count()} cores, {date}, {a.runs} interleaved rounds, median, "
+          f"global batch {a.batch}")
     print(f"one process: 1 thread {sps['single_t1']:.0f} samples/s, 2 threads "
           f"{sps['single_t2']:.0f}; DDP 2 ranks {sps['ddp']:.0f}")
     print("| M | schedule | idle (measured) | idle (theory) | samples/s | vs 1 thread | vs 2 threads"
-          " | vs DDP | stage 0 arena peak MiB | stage 1 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          " | vs DDP | GEMM bound vs 1 thread | stage 0 arena peak MiB | stage 1 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for m in (1, 2, 4, 8, 16):
         for sched in ("gpipe", "1f1b"):
             k = f"pipe_{sched}_m{m}"
             idle = med(statistics.mean(x["idle"] for x in rnd) for rnd in res[k])
             peak = [med(next(x["arena_peak"] for x in rnd if x["rank"] == s) for rnd in res[k])
                     for s in (0, 1)]
-            row = {"figure": "pipe", "micro": m, "schedule": sched, "idle": idle,
+            bound = 2 * (1 - 1.0 / (m + 1)) / gemm[m]
+            row = {"figure": "pipe", "micro": m, "schedule": sched, "idle": idle, "batch": a.batch,
+                   "sgemm_micro_over_batch": gemm[m], "gemm_bound_vs_single_t1": bound,
                    "theory_idle": 1.0 / (m + 1), "samples_per_s": sps[k],
                    "vs_single_t1": sps[k] / sps["single_t1"], "vs_single_t2": sps[k] / sps["single_t2"],
                    "vs_ddp": sps[k] / sps["ddp"], "arena_peak": peak}
             rows.append(row)
             print(f"| {m} | {sched} | {100 * idle:.1f}% | {100 / (m + 1):.1f}% | {sps[k]:.0f} | "
                   f"{row['vs_single_t1']:.2f}x | {row['vs_single_t2']:.2f}x | {row['vs_ddp']:.2f}x | "
+                  f"{bound:.2f}x | "
                   f"{peak[0] / 2**20:.1f} | {peak[1] / 2**20:.1f} |")
     for bal in ("even", "time"):
         k = f"uneven_{bal}"

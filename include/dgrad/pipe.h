@@ -71,7 +71,10 @@
  * dg_pg_new_group.
  *
  * Failure. Every wait is bounded by the group's timeout; an error names the
- * step, the action, the micro-batch and the peer stage. Ranks that disagree
+ * step, the action, the micro-batch and the peer stage. A step that fails
+ * once it has begun (not on a bad argument) fails the group with its
+ * message: the stages are out of step, so every other one fails at once
+ * instead of at its timeout, and the group and pipe must be made anew. Ranks that disagree
  * on the layers, M, the schedule, re-materialization or the balance fail in
  * dg_pipe_new naming both. */
 #ifndef DGRAD_PIPE_H

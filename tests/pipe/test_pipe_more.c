@@ -10,6 +10,9 @@
  *   same on both ranks, and the model
  *   trains as on one process;
  * - a dead middle stage of 4 fails every other stage within 2 s, naming it;
+ * - a boundary that shrinks or grows within a step, or a loss function that
+ *   fails, fails both stages within 2 s (receives posted ahead do not
+ *   wait for messages that will not come), with a message saying why;
  * - DP x PP on 4 ranks (2 stages x 2 replicas, sub-groups of the world),
  *   GPipe and 1F1B: equal to one process on the whole batch, with the
  *   gradient norm clipped over the whole model.
@@ -507,6 +510,77 @@ static int kill_middle_rank(int r, int W, void *arg) {
   return dg_test_failures ? 1 : 0;
 }
 
+/* Stage 0's last layer: on its third call (micro-batch 2 of the first
+ * step) drops a row (mode 0) or doubles the rows (mode 1). */
+static int odd_mode, odd_calls;
+static dg_tensor *odd_fwd(dg_module *m, dg_ctx *c, dg_tensor *x) {
+  (void)m;
+  if (odd_calls++ != 2 || odd_mode > 1) return x;
+  if (odd_mode == 0) return dg_slice(c, x, 0, dg_tensor_dim(x, 0) - 1);
+  return dg_concat(c, 2, (dg_tensor *const[]){x, x}, 0);
+}
+static const dg_module_vtable odd_vt = {"Odd", odd_fwd, NULL, NULL};
+
+/* mode 2: the loss fails on the second micro-batch */
+static dg_tensor *bad_ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) {
+  if (odd_mode == 2 && ++*(int *)user == 2) return dg_slice(ctx, out, 5, 2);
+  return dg_cross_entropy(ctx, out, t);
+}
+
+static int boundary_rank(int r, int W, void *arg) {
+  odd_mode = *(int *)arg;
+  dg_store *st;
+  dg_pg *pg;
+  if (du_pg(r, W, &st, &pg)) return 2;
+  dg_params *ps;
+  dg_ctx *ctx;
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_ctx_new(&ctx, NULL) == DG_OK);
+  dg_module *seq, *l;
+  REQUIRE(dg_nn_sequential(&seq) == DG_OK);
+  add(seq, dg_nn_linear(&l, IN, 16, 1), &l);
+  add(seq, dg_module_new(&l, sizeof(dg_module), &odd_vt), &l);
+  add(seq, dg_nn_tanh(&l), &l);
+  add(seq, dg_nn_linear(&l, 16, NCLS, 1), &l);
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = 4;
+  po.schedule = DG_PIPE_1F1B;
+  po.balance = (const int[]){2, 2};
+  dg_pipe *p;
+  char err[512];
+  REQUIRE(dg_pipe_new(&p, pg, seq, ps, 5, &po, err, sizeof err) == DG_OK);
+  float x[B * IN];
+  int64_t y[B];
+  batch(0, x, y);
+  dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+  dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+  int seen = 0;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int rc = dg_pipe_step(p, xt, yt, bad_ce, &seen, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  fprintf(stderr, "mode %d rank %d failed after %.3f s: %s\n", odd_mode, r, secs,
+          dg_pipe_errmsg(p));
+  CHECK(rc != DG_OK);
+  CHECK(secs < 2);
+  /* the stage that saw the fault says what it was */
+  if (odd_mode == 0 && r == 1) CHECK_STR_HAS(dg_pipe_errmsg(p), "must not change");
+  if (odd_mode == 1 && r == 0) CHECK_STR_HAS(dg_pipe_errmsg(p), "bytes");
+  if (odd_mode == 2 && r == 1) CHECK_STR_HAS(dg_pipe_errmsg(p), "forward of micro-batch 1");
+  if (r == 0) CHECK_STR_HAS(dg_pipe_errmsg(p), "rank 1");
+  int64_t n = 0; /* the group stays up until both failed: no peer sees it close */
+  dg_store_add(st, "failed", 1, &n);
+  for (int i = 0; n < W && i < 10000; i++) {
+    usleep(2000);
+    dg_store_add(st, "failed", 0, &n);
+  }
+  dg_pipe_free(p);
+  dg_params_free(ps);
+  dg_ctx_free(ctx);
+  du_leave(st, pg, W);
+  return dg_test_failures ? 1 : 0;
+}
+
 int main(void) {
   CHECK_EQ_INT(du_run(2, eval_rank, NULL, 60, NULL), 0);
   CHECK_EQ_INT(du_run(2, memory_rank, NULL, 60, NULL), 0);
@@ -515,5 +589,6 @@ int main(void) {
   CHECK_EQ_INT(du_run(2, balance_rank, NULL, 60, NULL), 0);
   for (int kind = 0; kind < 2; kind++) CHECK_EQ_INT(du_run(4, dpxpp_rank, &kind, 60, NULL), 0);
   CHECK_EQ_INT(du_run(4, kill_middle_rank, NULL, 60, NULL), 0);
+  for (int mode = 0; mode < 3; mode++) CHECK_EQ_INT(du_run(2, boundary_rank, &mode, 60, NULL), 0);
   return TEST_DONE();
 }
