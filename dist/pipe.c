@@ -10,10 +10,11 @@
  * micro-batch's gradient when its activation is sent, the next activation
  * (header and data, into a staging buffer of the step's boundary size) when
  * the current one arrived. Point-to-point messages wait for their receive
- * (Gloo's protocol), so without that every boundary paid a round trip. With re-materialization the forward
- * runs without a tape in a scratch context and the backward recomputes the
- * stage there first. With opts.swap the contexts that hold a tape swap:
- * the pool's, or with re-materialization the scratch context. */
+ * (Gloo's protocol), so without that every boundary paid a round trip.
+ * With re-materialization the forward runs without a tape in a scratch
+ * context and the backward recomputes the stage there first. With
+ * opts.swap the contexts that hold a tape swap: the pool's, or with
+ * re-materialization the scratch context. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

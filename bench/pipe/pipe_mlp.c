@@ -230,7 +230,8 @@ static int run_gemm(const bopts *o) {
     for (int i = 0; k && i < ng[k]; i++) g[k][i].count *= o->micro;
   }
   rl_result r[2];
-  if (roofline_measure(g[0], ng[0], 1, 300, &r[0]) || roofline_measure(g[1], ng[1], 1, 300, &r[1])) {
+  if (roofline_measure(g[0], ng[0], 1, 300, &r[0]) ||
+      roofline_measure(g[1], ng[1], 1, 300, &r[1])) {
     fprintf(stderr, "pipe_mlp: --mode gemm needs a build with OpenBLAS\n");
     return 1;
   }
