@@ -103,7 +103,9 @@ DG_API dg_tensor *dg_batchnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tenso
                                float momentum, float eps);
 /* weight (V, D), idx any shape (i32/i64) -> idx.shape + (D). */
 DG_API dg_tensor *dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *idx);
-/* Inverted dropout with probability p; identity in eval mode. */
+/* Inverted dropout with probability p; identity in eval mode. A dropped
+ * element is 0 forward and backward, even where x or the gradient is inf
+ * or NaN (torch multiplies by the mask: NaN there). */
 DG_API dg_tensor *dg_dropout(dg_ctx *ctx, dg_tensor *x, float p);
 /* scores (..., T, T): entries above the diagonal become -inf. */
 DG_API dg_tensor *dg_causal_mask(dg_ctx *ctx, dg_tensor *scores);

@@ -273,7 +273,12 @@ def t_apply(op, xs, wd, mask=None, kinks=None):
     if n == "dropout":
         if mask is None:
             return [x]
-        return [x * torch.as_tensor(mask).reshape(x.shape).to(wd) * f32(np.float32(1) / (np.float32(1) - np.float32(a[0])))]
+        # dgrad's dropout selects (a dropped element is 0, forward and
+        # backward, even where x or its gradient is inf or NaN); torch
+        # multiplies by the mask, so NaN * 0 stays NaN (seed 247546424)
+        keep = torch.as_tensor(mask).reshape(x.shape).to(wd) != 0
+        return [torch.where(keep, x * f32(np.float32(1) / (np.float32(1) - np.float32(a[0]))),
+                            torch.zeros((), dtype=x.dtype))]
     if n == "causal_mask":
         T = x.shape[-1]
         return [x.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)]
