@@ -46,7 +46,7 @@ typedef struct {
 typedef struct {
   int mb;                   /* the micro-batch posted, -1: none */
   dg_work *hdr, *data;
-  int64_t h[HDR];
+  int64_t h[HDR];           /* the header being received, ahead or not */
   void *buf;                /* the step's boundary bytes; grows, never shrinks */
   size_t cap;
 } pipe_ahead;
@@ -64,7 +64,6 @@ struct dg_pipe {
   dg_ctx *rctx;  /* re-materialization: tapeless forwards, recomputed backwards */
   pipe_mb *mb;   /* M */
   int64_t *hdr_out;    /* (M, HDR) headers sent, alive until their sends end */
-  int64_t hdr_in[HDR]; /* the header being received (used at once) */
   int64_t shape0[HDR - 1]; /* the step's boundary: ndim, dtype, shape */
   pipe_ahead ahead;
   float *bufsave;      /* running statistics kept across a recomputation */
@@ -554,7 +553,7 @@ static int recv_act(dg_pipe *p, int m) {
   if (!c) return DG_ESTATE;
   pipe_ahead *a = &p->ahead;
   const int early = a->mb == m;
-  int64_t *h = early ? a->h : p->hdr_in;
+  int64_t *h = a->h; /* free when m was not posted ahead: nothing else is */
   int rc = early ? wait_recv(p, &a->hdr, p->s - 1, "receiving the activation header", m)
                  : recv_wait(p, h, HDR, DG_I64, p->s - 1, TAG_ACT,
                              "receiving the activation header", m);

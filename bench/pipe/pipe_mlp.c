@@ -57,11 +57,17 @@ static int parse(int argc, char **argv, bopts *o) {
   return 0;
 }
 
-/* Linear + ReLU for each width pair, the last Linear bare. */
-static dg_module *mlp(const char *spec, int *in, int *ncls) {
-  int w[32], n = 0;
+/* "1024,1024,10" -> w[], the count (at most 32). */
+static int widths(const char *spec, int *w) {
+  int n = 0;
   for (const char *p = spec; *p && n < 32; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
     w[n++] = atoi(p);
+  return n;
+}
+
+/* Linear + ReLU for each width pair, the last Linear bare. */
+static dg_module *mlp(const char *spec, int *in, int *ncls) {
+  int w[32], n = widths(spec, w);
   dg_module *seq, *l;
   if (dg_nn_sequential(&seq)) return NULL;
   for (int i = 0; i + 1 < n; i++) {
@@ -220,9 +226,7 @@ static int run_pipe(const bopts *o, int r, const char *dir) {
 /* The GEMMs of a step at B rows against M micro-batches of B/M rows: a
  * pipe's stages together cannot beat the second, however they overlap. */
 static int run_gemm(const bopts *o) {
-  int w[32], n = 0, ng[2] = {0, 0};
-  for (const char *p = o->layers; *p && n < 32; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
-    w[n++] = atoi(p);
+  int w[32], n = widths(o->layers, w), ng[2] = {0, 0};
   rl_gemm g[2][96];
   for (int k = 0; k < 2; k++) {
     const int64_t rows = k ? o->batch / o->micro : o->batch;
