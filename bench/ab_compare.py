@@ -76,6 +76,8 @@ CASES = {
                                   "--threads", "1", "--max-seconds", "2"])[-1]["steps_per_s"],
     "mlp_b64_t2": lambda b: run([os.path.join(b, "bench", "mlp"), "--batch", "64", "--threads",
                                  "2", "--max-seconds", "2"])[-1]["steps_per_s"],
+    "mlp_b256_t2": lambda b: run([os.path.join(b, "bench", "mlp"), "--batch", "256",
+                                  "--threads", "2", "--max-seconds", "2"])[-1]["steps_per_s"],
     "gpt_t1": lambda b: run([os.path.join(b, "bench", "gpt"), "--threads", "1", "--steps",
                              "20"])[-1]["steps_per_s"],
     "gpt_t2": lambda b: run([os.path.join(b, "bench", "gpt"), "--threads", "2", "--steps",

@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "bench_util.h"
 
@@ -71,6 +72,12 @@ int roofline_measure(const rl_gemm *g, int n, int threads, double min_ms, rl_res
     out->sgemm_s += t * (double)g[i].count;
   }
   openblas_set_num_threads(before);
+  /* OpenBLAS's own threads spin (sched_yield) for about 2^28 cycles after
+   * their last job, and after the library starts, before they sleep (its
+   * THREAD_TIMEOUT): a step timed in that window shares its cores with them
+   * (a 2-thread MLP run of 0.3 s lost 5-10% so). Wait it out. */
+  struct timespec ts = {0, 400 * 1000000L};
+  nanosleep(&ts, NULL);
   out->gflops = out->flop / out->sgemm_s / 1e9;
   free(a), free(b), free(c);
   return 0;

@@ -16,7 +16,8 @@ round, --runs rounds) and prints medians:
 PyTorch 1.13 has no multi-process pipeline on CPU: the anchors are the
 theory and dgrad's own single-process and DDP runs.
 
-  bench/pipe/run_pipe.py [--build build] [--runs 5] [--steps 20] [--batch 512] [--out FILE]
+  bench/pipe/run_pipe.py [--build build] [--runs 5] [--steps 20] [--batch 512]
+                         [--layers 1024,...,10] [--micro 1,2,4,8,16] [--out FILE]
 """
 import argparse
 import datetime
@@ -44,16 +45,18 @@ def run(exe, args):
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-def configs(steps, batch):
+def configs(steps, batch, layers, micros):
     base = ["--steps", str(steps), "--batch", str(batch)]
-    cf = {"single_t1": base + ["--mode", "single"],
-          "single_t2": base + ["--mode", "single", "--threads", "2"],
-          "ddp": base + ["--mode", "ddp"]}
-    for m in (1, 2, 4, 8, 16):
+    model = ["--layers", layers] if layers else []
+    cf = {"single_t1": base + model + ["--mode", "single"],
+          "single_t2": base + model + ["--mode", "single", "--threads", "2"],
+          "ddp": base + model + ["--mode", "ddp"]}
+    for m in micros:
         for sched in ("gpipe", "1f1b"):
-            cf[f"pipe_{sched}_m{m}"] = base + ["--mode", "pipe", "--micro", str(m), "--schedule", sched]
-    for m in (1, 2, 4, 8, 16):
-        cf[f"gemm_m{m}"] = base + ["--mode", "gemm", "--micro", str(m)]
+            cf[f"pipe_{sched}_m{m}"] = base + model + ["--mode", "pipe", "--micro", str(m),
+                                                       "--schedule", sched]
+    for m in micros:
+        cf[f"gemm_m{m}"] = base + model + ["--mode", "gemm", "--micro", str(m)]
     for bal in ("even", "time"):
         cf[f"uneven_{bal}"] = base + ["--mode", "pipe", "--micro", "8", "--schedule", "1f1b",
                                       "--layers", UNEVEN, "--balance", bal]
@@ -66,10 +69,13 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--layers", default="", help="pipe_mlp's --layers (default: its own)")
+    ap.add_argument("--micro", default="1,2,4,8,16", help="the M to run, comma-separated")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     exe = os.path.join(a.build, "bench", "pipe", "pipe_mlp")
-    cf = configs(a.steps, a.batch)
+    micros = [int(m) for m in a.micro.split(",")]
+    cf = configs(a.steps, a.batch, a.layers, micros)
     res = {k: [] for k in cf}
     for r in range(a.runs):
         for k, args in cf.items():
@@ -78,18 +84,18 @@ def main():
     med = statistics.median
     sps = {k: med(max(x["samples_per_s"] for x in rnd) for rnd in v) for k, v in res.items()
            if not k.startswith("gemm")}
-    gemm = {m: med(rnd[0]["micro_over_batch"] for rnd in res[f"gemm_m{m}"]) for m in (1, 2, 4, 8, 16)}
+    gemm = {m: med(rnd[0]["micro_over_batch"] for rnd in res[f"gemm_m{m}"]) for m in micros}
     cpu = cpu_model()
     date = datetime.datetime.now().isoformat(timespec="minutes")
     rows = []
     print(f"CPU: {cpu}, {os.cpu_count()} cores, {date}, {a.runs} interleaved rounds, median, "
-          f"global batch {a.batch}")
+          f"global batch {a.batch}, layers {a.layers or 'pipe_mlp default'}")
     print(f"one process: 1 thread {sps['single_t1']:.0f} samples/s, 2 threads "
           f"{sps['single_t2']:.0f}; DDP 2 ranks {sps['ddp']:.0f}")
     print("| M | schedule | idle (measured) | idle (theory) | samples/s | vs 1 thread | vs 2 threads"
           " | vs DDP | GEMM bound vs 1 thread | stage 0 arena peak MiB | stage 1 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for m in (1, 2, 4, 8, 16):
+    for m in micros:
         for sched in ("gpipe", "1f1b"):
             k = f"pipe_{sched}_m{m}"
             idle = med(statistics.mean(x["idle"] for x in rnd) for rnd in res[k])
@@ -97,6 +103,7 @@ def main():
                     for s in (0, 1)]
             bound = 2 * (1 - 1.0 / (m + 1)) / gemm[m]
             row = {"figure": "pipe", "micro": m, "schedule": sched, "idle": idle, "batch": a.batch,
+                   "layers": a.layers or "default",
                    "sgemm_micro_over_batch": gemm[m], "gemm_bound_vs_single_t1": bound,
                    "theory_idle": 1.0 / (m + 1), "samples_per_s": sps[k],
                    "vs_single_t1": sps[k] / sps["single_t1"], "vs_single_t2": sps[k] / sps["single_t2"],
