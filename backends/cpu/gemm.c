@@ -1,11 +1,11 @@
 /* Row-major SGEMM: C(M,N) = alpha * op(A) op(B) + beta * C. OpenBLAS when the
  * build has it, else a plain blocked loop (correct, not fast). */
 #include <pthread.h>
-#include <time.h>
 
 #include "dgrad_config.h"
 #include "backends/cpu/cpu_impl.h"
 #include "base/threads_impl.h"
+#include "base/trace_impl.h"
 
 #if DG_HAVE_BLAS
 #include <cblas.h>
@@ -93,12 +93,6 @@ typedef struct {
 static split_slot g_split[SPLIT_SLOTS];
 static pthread_mutex_t g_split_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* The split to run (0 rows, 1 columns) for a shape both can split, and the
  * slot to time it into (NULL: decided). Called with the lock held. */
 static int split_pick(const split_slot *shape, split_slot **timing) {
@@ -148,10 +142,10 @@ void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, con
   int64_t len = cols ? N : M, align = cols ? COL_ALIGN : 4;
   j.step = ((len + threads - 1) / threads + align - 1) / align * align;
   j.ntasks = (int)((len + j.step - 1) / j.step);
-  int64_t t0 = timing ? now_ns() : 0;
+  int64_t t0 = timing ? (int64_t)dg__trace_now() : 0;
   dg__parallel_for(j.ntasks, gemm_task, &j);
   if (timing) {
-    int64_t dt = now_ns() - t0;
+    int64_t dt = (int64_t)dg__trace_now() - t0;
     pthread_mutex_lock(&g_split_mu);
     split_record(timing, cols, dt);
     pthread_mutex_unlock(&g_split_mu);

@@ -1,5 +1,5 @@
-/* What the pipe tests share: building a Sequential, the loss of a
- * micro-batch, a deterministic batch. Include after defining B (rows), IN
+/* What the pipe tests share: a rank's group, store and context, building a
+ * Sequential, the loss of a micro-batch, a deterministic batch. Include after defining B (rows), IN
  * (features) and NCLS (classes). */
 #ifndef DG_TESTS_PIPE_UTIL_H
 #define DG_TESTS_PIPE_UTIL_H
@@ -22,6 +22,34 @@ static dg_tensor *ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) {
 static void batch(int64_t step, float *x, int64_t *y) {
   dg_rng_normal(7, (uint64_t)step * B * IN, x, B * IN);
   for (int i = 0; i < B; i++) y[i] = (i * 5 + step) % NCLS;
+}
+
+/* A rank of a pipe test: its group (du_pg), an empty parameter store for
+ * its stage and a context. */
+typedef struct {
+  dg_store *st;
+  dg_pg *pg;
+  dg_params *ps;
+  dg_ctx *ctx;
+} pu_rank;
+
+static inline int pu_open(pu_rank *k, int r, int W) {
+  if (du_pg(r, W, &k->st, &k->pg)) return 2;
+  REQUIRE(dg_params_new(&k->ps) == DG_OK && dg_ctx_new(&k->ctx, NULL) == DG_OK);
+  return 0;
+}
+
+/* leave 1: du_leave (every rank says goodbye); 0: a peer is gone, the group
+ * is freed as it is */
+static inline void pu_close(pu_rank *k, int W, int leave) {
+  dg_params_free(k->ps);
+  dg_ctx_free(k->ctx);
+  if (leave) {
+    du_leave(k->st, k->pg, W);
+  } else {
+    dg_pg_free(k->pg);
+    dg_store_free(k->st);
+  }
 }
 
 #endif

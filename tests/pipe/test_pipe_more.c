@@ -473,24 +473,20 @@ static int dpxpp_rank(int r, int W, void *arg) {
  * has no connection with it in the pipe's traffic. */
 static int kill_middle_rank(int r, int W, void *arg) {
   (void)arg;
-  dg_store *st;
-  dg_pg *pg;
-  if (du_pg(r, W, &st, &pg)) return 2;
-  dg_params *ps;
-  dg_ctx *ctx;
-  REQUIRE(dg_params_new(&ps) == DG_OK && dg_ctx_new(&ctx, NULL) == DG_OK);
-  dg_pipe *p = pipe_of(pg, model(0, 0), ps, 4, DG_PIPE_1F1B, 0);
+  pu_rank k;
+  if (pu_open(&k, r, W)) return 2;
+  dg_pipe *p = pipe_of(k.pg, model(0, 0), k.ps, 4, DG_PIPE_1F1B, 0);
   float x[B * IN];
   int64_t y[B];
   batch(0, x, y);
-  dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
-  dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+  dg_tensor *xt = dg_wrap(k.ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+  dg_tensor *yt = dg_wrap(k.ctx, DG_I64, 1, (int64_t[]){B}, y);
   REQUIRE(dg_pipe_step(p, xt, yt, ce, NULL, NULL) == DG_OK);
   int64_t done = 0; /* every rank is out of step 0's messages before rank 1 dies */
-  dg_store_add(st, "step0", 1, &done);
+  dg_store_add(k.st, "step0", 1, &done);
   for (int i = 0; r == 1 && done < W && i < 4000; i++) {
     usleep(2000);
-    dg_store_add(st, "step0", 0, &done);
+    dg_store_add(k.st, "step0", 0, &done);
   }
   if (r == 1) _exit(0); /* dies without leaving the group */
   struct timespec t0, t1;
@@ -503,10 +499,7 @@ static int kill_middle_rank(int r, int W, void *arg) {
   CHECK_STR_HAS(dg_pipe_errmsg(p), "rank 1");
   CHECK(secs < 2);
   dg_pipe_free(p);
-  dg_params_free(ps);
-  dg_ctx_free(ctx);
-  dg_pg_free(pg);
-  dg_store_free(st);
+  pu_close(&k, W, 0);
   return dg_test_failures ? 1 : 0;
 }
 
@@ -529,12 +522,8 @@ static dg_tensor *bad_ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) 
 
 static int boundary_rank(int r, int W, void *arg) {
   odd_mode = *(int *)arg;
-  dg_store *st;
-  dg_pg *pg;
-  if (du_pg(r, W, &st, &pg)) return 2;
-  dg_params *ps;
-  dg_ctx *ctx;
-  REQUIRE(dg_params_new(&ps) == DG_OK && dg_ctx_new(&ctx, NULL) == DG_OK);
+  pu_rank k;
+  if (pu_open(&k, r, W)) return 2;
   dg_module *seq, *l;
   REQUIRE(dg_nn_sequential(&seq) == DG_OK);
   add(seq, dg_nn_linear(&l, IN, 16, 1), &l);
@@ -547,12 +536,12 @@ static int boundary_rank(int r, int W, void *arg) {
   po.balance = (const int[]){2, 2};
   dg_pipe *p;
   char err[512];
-  REQUIRE(dg_pipe_new(&p, pg, seq, ps, 5, &po, err, sizeof err) == DG_OK);
+  REQUIRE(dg_pipe_new(&p, k.pg, seq, k.ps, 5, &po, err, sizeof err) == DG_OK);
   float x[B * IN];
   int64_t y[B];
   batch(0, x, y);
-  dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
-  dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+  dg_tensor *xt = dg_wrap(k.ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+  dg_tensor *yt = dg_wrap(k.ctx, DG_I64, 1, (int64_t[]){B}, y);
   int seen = 0;
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -569,15 +558,13 @@ static int boundary_rank(int r, int W, void *arg) {
   if (odd_mode == 2 && r == 1) CHECK_STR_HAS(dg_pipe_errmsg(p), "forward of micro-batch 1");
   if (r == 0) CHECK_STR_HAS(dg_pipe_errmsg(p), "rank 1");
   int64_t n = 0; /* the group stays up until both failed: no peer sees it close */
-  dg_store_add(st, "failed", 1, &n);
+  dg_store_add(k.st, "failed", 1, &n);
   for (int i = 0; n < W && i < 10000; i++) {
     usleep(2000);
-    dg_store_add(st, "failed", 0, &n);
+    dg_store_add(k.st, "failed", 0, &n);
   }
   dg_pipe_free(p);
-  dg_params_free(ps);
-  dg_ctx_free(ctx);
-  du_leave(st, pg, W);
+  pu_close(&k, W, 1);
   return dg_test_failures ? 1 : 0;
 }
 

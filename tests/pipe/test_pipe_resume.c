@@ -77,24 +77,20 @@ static int save(const char *dir, int r, dg_params *ps, dg_optim *opt, int64_t st
  * trains to N or to the agreed stop, saves as the scenario says. */
 static int run_rank(int r, int W, void *arg) {
   const scenario *sc = arg;
-  dg_store *st;
-  dg_pg *pg;
-  if (du_pg(r, W, &st, &pg)) return 2;
-  dg_params *ps;
-  dg_ctx *ctx;
-  REQUIRE(dg_params_new(&ps) == DG_OK && dg_ctx_new(&ctx, NULL) == DG_OK);
+  pu_rank k;
+  if (pu_open(&k, r, W)) return 2;
   dg_pipe_opts po = dg_pipe_defaults();
   po.micro_batches = 4, po.schedule = DG_PIPE_1F1B;
   dg_pipe *p;
   char err[512], d[400];
-  REQUIRE(dg_pipe_new(&p, pg, model(), ps, 5, &po, err, sizeof err) == DG_OK);
+  REQUIRE(dg_pipe_new(&p, k.pg, model(), k.ps, 5, &po, err, sizeof err) == DG_OK);
   dg_optim *opt;
-  REQUIRE(dg_optim_new_adamw(&opt, ps, NULL, NULL, 0) == DG_OK);
-  dg_checkpoint c = {ps, opt, NULL, NULL, 0, 0, NULL, NULL};
+  REQUIRE(dg_optim_new_adamw(&opt, k.ps, NULL, NULL, 0) == DG_OK);
+  dg_checkpoint c = {k.ps, opt, NULL, NULL, 0, 0, NULL, NULL};
   int resumed = 0;
   if (sc->dir) {
     stage_dir(d, sizeof d, sc->dir, r);
-    int rc = dg_checkpoint_dir_resume_group(d, &c, pg, &resumed, NULL, 0, err, sizeof err);
+    int rc = dg_checkpoint_dir_resume_group(d, &c, k.pg, &resumed, NULL, 0, err, sizeof err);
     if (rc) fprintf(stderr, "rank %d: %s\n", r, err);
     CHECK_OK(rc);
     if (resumed) CHECK_OK(dg_pipe_set_step(p, c.step));
@@ -105,31 +101,29 @@ static int run_rank(int r, int W, void *arg) {
   int64_t step = c.step;
   while (step < N) {
     batch(step, x, y);
-    dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
-    dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
+    dg_tensor *xt = dg_wrap(k.ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+    dg_tensor *yt = dg_wrap(k.ctx, DG_I64, 1, (int64_t[]){B}, y);
     float loss;
     CHECK_OK(dg_pipe_step(p, xt, yt, ce, NULL, &loss));
     CHECK_OK(dg_optim_step(opt));
-    dg_params_zero_grad(ps);
-    dg_ctx_reset(ctx);
+    dg_params_zero_grad(k.ps);
+    dg_ctx_reset(k.ctx);
     log_loss(sc->log, r, ++step, loss);
     if (sc->save_every && step % sc->save_every == 0)
-      CHECK_OK(save(sc->dir, r, ps, opt, step));
+      CHECK_OK(save(sc->dir, r, k.ps, opt, step));
     if (r == 1 && step == sc->stop_after) dg_stop_request(SIGTERM);
     int sig;
-    CHECK_OK(dg_stop_agree(pg, &sig, err, sizeof err));
+    CHECK_OK(dg_stop_agree(k.pg, &sig, err, sizeof err));
     if (!sig) continue;
     CHECK_EQ_INT(sig, SIGTERM);
     CHECK_EQ_INT(step, sc->stop_after); /* both stages, after the same step */
-    if (!(r == 1 && step == sc->dead_save)) CHECK_OK(save(sc->dir, r, ps, opt, step));
+    if (!(r == 1 && step == sc->dead_save)) CHECK_OK(save(sc->dir, r, k.ps, opt, step));
     break;
   }
-  CHECK_OK(dg_pg_barrier_sync(pg));
+  CHECK_OK(dg_pg_barrier_sync(k.pg));
   dg_optim_free(opt);
   dg_pipe_free(p);
-  dg_params_free(ps);
-  dg_ctx_free(ctx);
-  du_leave(st, pg, W);
+  pu_close(&k, W, 1);
   return dg_test_failures ? 1 : 0;
 }
 
