@@ -27,6 +27,9 @@ int dg__pg_timeout_ms(const dg_pg *pg);
 void dg__pg_abort(dg_pg *pg, int code, const char *msg);
 /* 1 when allreduces of this group go through shared memory by default. */
 int dg__pg_local_shm(const dg_pg *pg);
+/* rank's process id where this group's ranks can write each other's
+ * memory (every one on this host, cross-memory attach allowed), else 0. */
+int dg__pg_peer_pid(const dg_pg *pg, int rank);
 /* The link model of dg_pg_opts.link (benchmarks), or NULL. */
 const dg_link_model *dg__pg_link(const dg_pg *pg);
 

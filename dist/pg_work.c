@@ -397,6 +397,10 @@ const dg_link_model *dg__pg_link(const dg_pg *pg) {
   return pg->link.allreduce_end || pg->link.bucket_end ? &pg->link : NULL;
 }
 
+int dg__pg_peer_pid(const dg_pg *pg, int rank) {
+  return pg && pg->cma && rank >= 0 && rank < pg->size ? pg->pids[rank] : 0;
+}
+
 int dg__pg_local_shm(const dg_pg *pg) {
   return pg && pg->shm && (pg->algo == DG_ALGO_AUTO || pg->algo == DG_ALGO_SHM);
 }

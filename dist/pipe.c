@@ -15,6 +15,7 @@
  * context and the backward recomputes the stage there first. With
  * opts.swap the contexts that hold a tape swap: the pool's, or with
  * re-materialization the scratch context. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,10 +29,12 @@
 #include "dist/pg_ext.h"
 #include "dist/pipe_plan.h"
 #include "dist/pipe_profile.h"
+#include "dist/pipe_ring.h"
 #include "base/trace_impl.h"
 
-enum { TAG_ACT = 0x70690001u, TAG_GRAD = 0x70690002u };
-#define HDR (3 + DG_MAX_DIMS) /* ndim, dtype, shape, step */
+enum { TAG_ACT = 0x70690001u, TAG_GRAD = 0x70690002u, TAG_RING = 0x70690003u };
+#define SHP (2 + DG_MAX_DIMS) /* ndim, dtype, shape */
+#define HDR (SHP + 2)         /* SHP, step, 1: in the receiver's ring */
 enum { S_HDR, S_ACT, S_GRAD, NSENDS };
 
 typedef struct {
@@ -40,6 +43,8 @@ typedef struct {
   int done;                         /* every action ran; waits for its sends */
   dg_work *sends[NSENDS];
   dg_work *grecv;                   /* gout's receive, posted with the activation's send */
+  int gring;                        /* gout is this rank's ring slot; grecv a notice */
+  int64_t note, note_out;           /* the gradient's notice (its step) in, out */
 } pipe_mb;
 
 /* The next activation's receives, posted ahead into pipe-owned memory. */
@@ -55,7 +60,7 @@ struct dg_pipe {
   dg_pg *pg, *dp;
   dg_params *ps;
   dg_module *stage;
-  int K, s, M, first, last, nlayers, remat, kind;
+  int K, s, M, first, last, nlayers, remat, kind, transport;
   uint64_t seed;
   dg__pipe_table tab;
   dg_ctx **pool; /* npool contexts */
@@ -64,8 +69,10 @@ struct dg_pipe {
   dg_ctx *rctx;  /* re-materialization: tapeless forwards, recomputed backwards */
   pipe_mb *mb;   /* M */
   int64_t *hdr_out;    /* (M, HDR) headers sent, alive until their sends end */
-  int64_t shape0[HDR - 1]; /* the step's boundary: ndim, dtype, shape */
+  int64_t shape0[SHP]; /* the step's boundary: ndim, dtype, shape */
   pipe_ahead ahead;
+  dg__pipe_link prev, next; /* rings written directly (pipe_ring.h) */
+  size_t in_bytes, out_bytes; /* the last boundary received, sent (f32: 0 else) */
   float *bufsave;      /* running statistics kept across a recomputation */
   size_t nbuf;
   double *cost;        /* measured per-layer cost, or NULL */
@@ -137,13 +144,15 @@ int dg_pipe_boundary_cost(const dg_pipe *p, double *cut, int cap, int *n) {
 
 /* ---- creation ---- */
 
-/* Every rank states (layers, M, schedule, remat, balance); all must agree. */
+/* Every rank states (layers, M, schedule, remat, boundaries, balance); all
+ * must agree. */
 static int agree(dg_pipe *p, const int *bounds, char *err, size_t cap) {
-  const int n = 4 + p->K + 1;
-  int64_t mine[4 + DG__PIPE_MAX_STAGES + 1], *all = dg__malloc((size_t)n * p->K * sizeof *all);
+  const int n = 5 + p->K + 1;
+  int64_t mine[5 + DG__PIPE_MAX_STAGES + 1], *all = dg__malloc((size_t)n * p->K * sizeof *all);
   if (!all) return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
   mine[0] = p->nlayers, mine[1] = p->M, mine[2] = p->kind, mine[3] = p->remat;
-  for (int s = 0; s <= p->K; s++) mine[4 + s] = bounds[s];
+  mine[4] = p->transport;
+  for (int s = 0; s <= p->K; s++) mine[5 + s] = bounds[s];
   int rc = dg_pg_allgather_sync(p->pg, mine, all, (size_t)n, DG_I64);
   if (rc) dg__fail_msg(err, cap, rc, "pipe_new: rank %d: exchanging the configuration: %s",
                        p->s, dg_pg_errmsg(p->pg));
@@ -151,12 +160,13 @@ static int agree(dg_pipe *p, const int *bounds, char *err, size_t cap) {
     if (memcmp(all + (size_t)r * n, mine, (size_t)n * sizeof *mine)) {
       const int64_t *o = all + (size_t)r * n;
       rc = dg__fail_msg(err, cap, DG_EMISMATCH, "pipe_new: rank %d has %lld layers, %lld "
-                        "micro-batches, schedule %s, remat %lld, stage 1 from layer %lld; rank "
-                        "%d has %lld, %lld, %s, %lld, %lld", p->s, (long long)mine[0],
-                        (long long)mine[1], dg__pipe_kind_name((int)mine[2]), (long long)mine[3],
-                        (long long)(p->K > 1 ? mine[5] : 0), r, (long long)o[0], (long long)o[1],
-                        dg__pipe_kind_name((int)o[2]), (long long)o[3],
-                        (long long)(p->K > 1 ? o[5] : 0));
+                        "micro-batches, schedule %s, remat %lld, transport_boundaries %lld, "
+                        "stage 1 from layer %lld; rank %d has %lld, %lld, %s, %lld, %lld, %lld",
+                        p->s, (long long)mine[0], (long long)mine[1],
+                        dg__pipe_kind_name((int)mine[2]), (long long)mine[3], (long long)mine[4],
+                        (long long)(p->K > 1 ? mine[6] : 0), r, (long long)o[0], (long long)o[1],
+                        dg__pipe_kind_name((int)o[2]), (long long)o[3], (long long)o[4],
+                        (long long)(p->K > 1 ? o[6] : 0));
     }
   dg__free(all);
   return rc;
@@ -224,6 +234,10 @@ static int alloc_state(dg_pipe *p, char *err, size_t cap) {
     return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
   for (size_t m = 0; m < M; m++) p->mb[m].slot = -1;
   p->ahead.mb = -1;
+  /* neighbours on this host are written directly unless asked not to */
+  p->prev.peer = p->s - 1, p->next.peer = p->s + 1 < p->K ? p->s + 1 : -1;
+  p->prev.pid = p->s > 0 && !p->transport ? dg__pg_peer_pid(p->pg, p->s - 1) : 0;
+  p->next.pid = p->next.peer >= 0 && !p->transport ? dg__pg_peer_pid(p->pg, p->s + 1) : 0;
   return DG_OK;
 }
 
@@ -271,6 +285,8 @@ int dg_pipe_new(dg_pipe **out, dg_pg *pg, dg_module *seq, dg_params *ps, uint64_
   p->pg = pg, p->dp = o.dp_group, p->ps = ps, p->K = dg_pg_size(pg), p->s = dg_pg_rank(pg);
   p->M = o.micro_batches ? o.micro_batches : 1;
   p->kind = (int)o.schedule, p->remat = !!o.remat, p->seed = seed;
+  p->transport = !!o.transport_boundaries;
+  p->prev.peer = p->next.peer = -1;
   p->nlayers = dg_sequential_len(seq);
   int bounds[DG__PIPE_MAX_STAGES + 1];
   dg__pipe_stats ts;
@@ -302,6 +318,7 @@ void dg_pipe_free(dg_pipe *p) {
   }
   dg_work_free(p->ahead.hdr), dg_work_free(p->ahead.data);
   dg__free(p->ahead.buf);
+  dg__pipe_link_free(&p->prev), dg__pipe_link_free(&p->next);
   for (int k = 0; p->pool && k < p->npool; k++) dg_ctx_free(p->pool[k]);
   dg_ctx_free(p->rctx);
   dg__free(p->pool), dg__free(p->owner), dg__free(p->mb), dg__free(p->hdr_out);
@@ -402,7 +419,7 @@ static int retire(dg_pipe *p, int m) {
     dg_ctx_reset(p->pool[b->slot]);
     p->owner[b->slot] = -1;
   }
-  b->slot = -1, b->done = 0;
+  b->slot = -1, b->done = 0, b->gring = 0;
   b->in = b->out = b->gout = b->gin = NULL;
   return rc;
 }
@@ -508,20 +525,30 @@ static int bad_boundary(dg_pipe *p, int m, const int64_t *h) {
               dg__dims_str((int)p->shape0[0], p->shape0 + 2, b, sizeof b));
 }
 
-static int check_header(dg_pipe *p, int m, const int64_t *h) {
-  if (h[0] < 1 || h[0] > DG_MAX_DIMS || h[1] < 0 || h[1] >= DG_NDTYPES || h[HDR - 1] != p->step)
-    return FAIL(p, DG_EPEER, "pipe step %lld: stage %d: micro-batch %d: a malformed activation "
-                "header from stage %d (ndim %lld, dtype %lld, step %lld)", (long long)p->step,
-                p->s, m, p->s - 1, (long long)h[0], (long long)h[1], (long long)h[HDR - 1]);
-  if (m == 0) memcpy(p->shape0, h, sizeof p->shape0);
-  else if (memcmp(p->shape0, h, sizeof p->shape0)) return bad_boundary(p, m, h);
-  return DG_OK;
-}
-
 static size_t boundary_bytes(const int64_t *h) {
   size_t n = dg_dtype_size((dg_dtype)h[1]);
   for (int d = 0; d < (int)h[0]; d++) n *= (size_t)h[2 + d];
   return n;
+}
+
+/* Whether a boundary of n bytes goes into the receiver's ring this step:
+ * both sides decide alike, from the slot the receiver announced. */
+static int fits(size_t slot, size_t n) { return slot > 0 && n <= slot; }
+
+static int check_header(dg_pipe *p, int m, const int64_t *h) {
+  if (h[0] < 1 || h[0] > DG_MAX_DIMS || h[1] < 0 || h[1] >= DG_NDTYPES || h[SHP] != p->step ||
+      (h[SHP + 1] & ~1))
+    return FAIL(p, DG_EPEER, "pipe step %lld: stage %d: micro-batch %d: a malformed activation "
+                "header from stage %d (ndim %lld, dtype %lld, step %lld)", (long long)p->step,
+                p->s, m, p->s - 1, (long long)h[0], (long long)h[1], (long long)h[SHP]);
+  if (m == 0) memcpy(p->shape0, h, sizeof p->shape0), p->in_bytes = boundary_bytes(h);
+  else if (memcmp(p->shape0, h, sizeof p->shape0)) return bad_boundary(p, m, h);
+  if (h[SHP + 1] != fits(p->prev.slot, boundary_bytes(h)))
+    return FAIL(p, DG_EPEER, "pipe step %lld: stage %d: micro-batch %d: stage %d sent %zu bytes "
+                "%s, but this stage's ring holds %zu per slot", (long long)p->step, p->s, m,
+                p->s - 1, boundary_bytes(h), h[SHP + 1] ? "into the ring" : "by the transport",
+                p->prev.slot);
+  return DG_OK;
 }
 
 /* Posts micro-batch m's header and data receives into p->ahead, sized as
@@ -531,19 +558,19 @@ static size_t boundary_bytes(const int64_t *h) {
 static int post_ahead(dg_pipe *p, int m) {
   pipe_ahead *a = &p->ahead;
   const size_t n = boundary_bytes(p->shape0);
+  a->mb = m;
+  int rc = post_recv(p, a->h, HDR, DG_I64, p->s - 1, TAG_ACT, &a->hdr,
+                     "receiving the activation header", m);
+  if (rc || fits(p->prev.slot, n)) return rc; /* the data is in the ring with the header */
   if (n > a->cap) { /* the first step, or a bigger boundary: not in steady state */
     void *b = dg__malloc(n);
     if (!b) return FAIL(p, DG_ENOMEM, "pipe: stage %d: out of memory", p->s);
     dg__free(a->buf);
     a->buf = b, a->cap = n;
   }
-  a->mb = m;
-  int rc = post_recv(p, a->h, HDR, DG_I64, p->s - 1, TAG_ACT, &a->hdr,
-                     "receiving the activation header", m);
   const dg_dtype dt = (dg_dtype)p->shape0[1];
-  if (!rc) rc = post_recv(p, a->buf, n / dg_dtype_size(dt), dt, p->s - 1, TAG_ACT, &a->data,
-                          "receiving the activation", m);
-  return rc;
+  return post_recv(p, a->buf, n / dg_dtype_size(dt), dt, p->s - 1, TAG_ACT, &a->data,
+                   "receiving the activation", m);
 }
 
 /* Header then data (posted ahead, or now for a step's first micro-batch);
@@ -560,9 +587,13 @@ static int recv_act(dg_pipe *p, int m) {
   if (!rc) rc = check_header(p, m, h);
   if (rc) return rc;
   const dg_dtype dt = (dg_dtype)h[1];
-  dg_tensor *x = dg_empty(c, dt, (int)h[0], h + 2);
+  const int ring = (int)h[SHP + 1];
+  dg_tensor *x = ring ? dg_wrap(c, dt, (int)h[0], h + 2, dg__pipe_link_slot(&p->prev, m))
+                      : dg_empty(c, dt, (int)h[0], h + 2);
   if (!x) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
-  if (early) {
+  if (ring) {
+    a->mb = -1; /* read in place */
+  } else if (early) {
     rc = wait_recv(p, &a->data, p->s - 1, "receiving the activation", m);
     a->mb = -1;
     if (!rc) memcpy(dg_tensor_data(x), a->buf, boundary_bytes(h));
@@ -576,28 +607,70 @@ static int recv_act(dg_pipe *p, int m) {
   return rc;
 }
 
+/* The neighbour's ring slot for this step's boundaries to it (0: none). */
+static int their_slot(dg_pipe *p, dg__pipe_link *l, size_t *slot, const char *what, int m) {
+  char e[160] = "";
+  int rc = dg__pipe_link_theirs(l, p->step, slot, e, sizeof e);
+  if (rc) FAIL(p, rc, "pipe step %lld: stage %d: %s of micro-batch %d: receiving the ring of "
+               "stage %d: %s", (long long)p->step, p->s, what, m, l->peer, e[0] ? e :
+               dg_pg_errmsg(p->pg));
+  return rc;
+}
+
+/* Writes n bytes into the neighbour's ring slot m. */
+static int write_ring(dg_pipe *p, dg__pipe_link *l, int m, const void *src, size_t n,
+                      const char *what) {
+  int e = dg__pipe_link_write(l, m, src, n);
+  if (e < 0)
+    return FAIL(p, e == -ESRCH ? DG_EPEER : DG_ESYS, "pipe step %lld: stage %d: writing %s of "
+                "micro-batch %d into stage %d (pid %d): %s", (long long)p->step, p->s, what, m,
+                l->peer, l->pid, strerror(-e));
+  p->st.bytes_direct += n;
+  return DG_OK;
+}
+
+/* Posts m's gradient receive: into this rank's ring (a notice comes) or
+ * into the context (the data comes). */
+static int post_grad_recv(dg_pipe *p, int m, const dg_tensor *y, size_t n) {
+  pipe_mb *b = &p->mb[m];
+  dg_ctx *c = p->pool[b->slot];
+  b->gring = fits(p->next.slot, n);
+  b->gout = b->gring ? dg_wrap(c, DG_F32, dg_tensor_ndim(y), dg_tensor_shape(y),
+                               dg__pipe_link_slot(&p->next, m))
+                     : dg_empty(c, DG_F32, dg_tensor_ndim(y), dg_tensor_shape(y));
+  if (!b->gout) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
+  if (b->gring)
+    return post_recv(p, &b->note, 1, DG_I64, p->s + 1, TAG_GRAD, &b->grecv,
+                     "receiving the gradient's notice", m);
+  return post_recv(p, dg_tensor_data(b->gout), (size_t)dg_tensor_numel(b->gout), DG_F32,
+                   p->s + 1, TAG_GRAD, &b->grecv, "receiving the gradient", m);
+}
+
 static int send_act(dg_pipe *p, int m) {
   dg_tensor *y = p->mb[m].out;
+  const size_t n = (size_t)dg_tensor_numel(y) * dg_dtype_size(dg_tensor_dtype(y));
   int64_t *h = p->hdr_out + (size_t)m * HDR;
   memset(h, 0, HDR * sizeof *h);
   h[0] = dg_tensor_ndim(y);
   h[1] = dg_tensor_dtype(y);
   memcpy(h + 2, dg_tensor_shape(y), (size_t)h[0] * sizeof *h);
-  h[HDR - 1] = p->step;
-  int rc = post_send(p, h, HDR, DG_I64, p->s + 1, TAG_ACT, "sending the activation header", m,
-                     S_HDR);
+  h[SHP] = p->step;
+  if (m == 0) p->out_bytes = dg_tensor_dtype(y) == DG_F32 ? n : 0; /* the next step's ring */
+  size_t slot = 0;
+  int rc = their_slot(p, &p->next, &slot, "sending the activation", m);
+  if (!rc && (h[SHP + 1] = fits(slot, n)))
+    rc = write_ring(p, &p->next, m, dg_tensor_data(y), n, "the activation");
   if (!rc)
+    rc = post_send(p, h, HDR, DG_I64, p->s + 1, TAG_ACT, "sending the activation header", m,
+                   S_HDR);
+  if (!rc && !h[SHP + 1]) {
     rc = post_send(p, dg_tensor_data(y), (size_t)dg_tensor_numel(y), dg_tensor_dtype(y),
                    p->s + 1, TAG_ACT, "sending the activation", m, S_ACT);
-  if (!rc && p->eval) p->mb[m].done = 1; /* nothing comes back */
-  if (!rc && !p->eval && dg_tensor_dtype(y) == DG_F32) { /* the gradient's receive, now */
-    pipe_mb *b = &p->mb[m];
-    dg_ctx *c = p->pool[b->slot];
-    b->gout = dg_empty(c, DG_F32, dg_tensor_ndim(y), dg_tensor_shape(y));
-    if (!b->gout) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
-    rc = post_recv(p, dg_tensor_data(b->gout), (size_t)dg_tensor_numel(b->gout), DG_F32,
-                   p->s + 1, TAG_GRAD, &b->grecv, "receiving the gradient", m);
+    p->st.bytes_transport += n;
   }
+  if (!rc && p->eval) p->mb[m].done = 1; /* nothing comes back */
+  if (!rc && !p->eval && dg_tensor_dtype(y) == DG_F32) /* the gradient's receive, now */
+    rc = post_grad_recv(p, m, y, n);
   return rc;
 }
 
@@ -659,7 +732,11 @@ static int forward(dg_pipe *p, const step_args *a, int m) {
 static int recv_grad(dg_pipe *p, int m) {
   pipe_mb *b = &p->mb[m];
   if (!b->grecv) return DG_OK; /* an integer boundary: no gradient flows through it */
-  return wait_recv(p, &b->grecv, p->s + 1, "receiving the gradient", m);
+  int rc = wait_recv(p, &b->grecv, p->s + 1, "receiving the gradient", m);
+  if (!rc && b->gring && b->note != p->step)
+    rc = FAIL(p, DG_EPEER, "pipe step %lld: stage %d: the gradient of micro-batch %d from stage "
+              "%d is of step %lld", (long long)p->step, p->s, m, p->s + 1, (long long)b->note);
+  return rc;
 }
 
 /* Re-materialization: the stage again, with a tape, in the scratch context;
@@ -702,8 +779,18 @@ static int send_grad(dg_pipe *p, int m) {
   pipe_mb *b = &p->mb[m];
   b->done = 1;
   if (!b->gin) return DG_OK; /* an integer boundary */
-  return post_send(p, dg_tensor_data(b->gin), (size_t)dg_tensor_numel(b->gin), DG_F32,
-                   p->s - 1, TAG_GRAD, "sending the gradient", m, S_GRAD);
+  const size_t n = (size_t)dg_tensor_numel(b->gin) * sizeof(float);
+  size_t slot = 0;
+  int rc = their_slot(p, &p->prev, &slot, "sending the gradient", m);
+  if (!rc && fits(slot, n)) {
+    rc = write_ring(p, &p->prev, m, dg_tensor_data(b->gin), n, "the gradient");
+    b->note_out = p->step;
+    return rc ? rc : post_send(p, &b->note_out, 1, DG_I64, p->s - 1, TAG_GRAD,
+                               "sending the gradient's notice", m, S_GRAD);
+  }
+  if (!rc) p->st.bytes_transport += n;
+  return rc ? rc : post_send(p, dg_tensor_data(b->gin), (size_t)dg_tensor_numel(b->gin), DG_F32,
+                             p->s - 1, TAG_GRAD, "sending the gradient", m, S_GRAD);
 }
 
 static int run_action(dg_pipe *p, const step_args *a, const dg__pipe_action *act) {
@@ -744,6 +831,13 @@ static int end_step(dg_pipe *p, int rc, int started) {
     int e = retire(p, m);
     if (e && !rc) rc = e;
   }
+  dg__pipe_link *l[2] = {&p->prev, &p->next};
+  for (int k = 0; k < 2; k++) {
+    int e = dg__pipe_link_end(l[k]);
+    if (e && !rc)
+      rc = FAIL(p, e, "pipe step %lld: stage %d: sending the ring to stage %d did not complete: "
+                "%s", (long long)p->step, p->s, l[k]->peer, dg_pg_errmsg(p->pg));
+  }
   if (p->rctx) dg_ctx_reset(p->rctx);
   return rc;
 }
@@ -760,6 +854,22 @@ static int check_inputs(dg_pipe *p, const step_args *a) {
   if (p->s == 0 && p->s == p->K - 1 && dg_tensor_dim(a->x, 0) != dg_tensor_dim(a->targets, 0))
     return FAIL(p, DG_ESHAPE, "%s: %lld rows of x, %lld of targets", fn,
                 (long long)dg_tensor_dim(a->x, 0), (long long)dg_tensor_dim(a->targets, 0));
+  return DG_OK;
+}
+
+/* Each neighbour learns the ring it may write this step: the activations'
+ * sized as the last step's boundary from stage s - 1, the gradients' as the
+ * last one sent to stage s + 1. */
+static int begin_step(dg_pipe *p) {
+  dg__pipe_link *l[2] = {&p->prev, &p->next};
+  const size_t want[2] = {p->in_bytes, p->out_bytes};
+  for (int k = 0; k < 2; k++) {
+    int rc = dg__pipe_link_begin(l[k], p->pg, p->M, want[k], p->step, TAG_RING);
+    if (rc == DG_ENOMEM) return FAIL(p, rc, "pipe: stage %d: out of memory for a ring of %d x "
+                                     "%zu bytes", p->s, p->M, want[k]);
+    if (rc) return FAIL(p, rc, "pipe step %lld: stage %d: sending the ring to stage %d: %s",
+                        (long long)p->step, p->s, l[k]->peer, dg_pg_errmsg(p->pg));
+  }
   return DG_OK;
 }
 
@@ -784,8 +894,10 @@ static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn los
   step_args a = {x, targets, loss_fn, user, 0};
   p->errmsg[0] = '\0';
   p->loss_sum = 0, p->wait = 0, p->eval = eval, p->st.arena_peak = 0;
+  p->st.bytes_direct = p->st.bytes_transport = 0;
   int rc = check_inputs(p, &a);
   const int started = !rc;
+  if (!rc) rc = begin_step(p);
   dg_tensor *rows = p->s == 0 ? x : targets;
   if (!rc && rows) a.mb = dg_tensor_dim(rows, 0) / p->M;
   if (eval) { /* receive, forward, send: each micro-batch in turn */

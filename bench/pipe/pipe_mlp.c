@@ -7,7 +7,8 @@
  *                                               2 stages x 1 thread
  *   pipe_mlp --mode gemm [--micro M]            OpenBLAS sgemm alone on the model's GEMMs
  *                                               (1 thread): B rows against M x B/M rows
- *   common: [--batch B] [--steps S] [--warmup N] [--layers 1024,1024,...,10] [--remat]
+ *   common: [--batch B] [--steps S] [--warmup N] [--layers 1024,1024,...,10] [--remat 0|1]
+ *           [--transport 0|1] (pipe: boundaries through TCP even on one host)
  *
  * Ranks are forked here and meet through a FileStore in a temp dir (TCP on
  * loopback, no port to pick). Every rank prints one JSON line: samples/s of
@@ -30,13 +31,13 @@
 
 typedef struct {
   const char *mode, *layers;
-  int micro, one_f_one_b, balance_time, remat, threads;
+  int micro, one_f_one_b, balance_time, remat, threads, transport;
   long batch, steps, warmup;
 } bopts;
 
 
 static int parse(int argc, char **argv, bopts *o) {
-  *o = (bopts){"single", "1024,1024,1024,1024,1024,10", 8, 0, 0, 0, 1, 512, 20, 3};
+  *o = (bopts){"single", "1024,1024,1024,1024,1024,10", 8, 0, 0, 0, 1, 0, 512, 20, 3};
   for (int i = 1; i + 1 < argc; i += 2) {
     const char *a = argv[i], *v = argv[i + 1];
     if (!strcmp(a, "--mode")) o->mode = v;
@@ -46,6 +47,7 @@ static int parse(int argc, char **argv, bopts *o) {
     else if (!strcmp(a, "--balance")) o->balance_time = !strcmp(v, "time");
     else if (!strcmp(a, "--remat")) o->remat = atoi(v);
     else if (!strcmp(a, "--threads")) o->threads = atoi(v);
+    else if (!strcmp(a, "--transport")) o->transport = atoi(v);
     else if (!strcmp(a, "--batch")) o->batch = atol(v);
     else if (!strcmp(a, "--steps")) o->steps = atol(v);
     else if (!strcmp(a, "--warmup")) o->warmup = atol(v);
@@ -181,6 +183,7 @@ static int run_pipe(const bopts *o, int r, const char *dir) {
   po.micro_batches = o->micro;
   po.schedule = o->one_f_one_b ? DG_PIPE_1F1B : DG_PIPE_GPIPE;
   po.remat = o->remat;
+  po.transport_boundaries = o->transport;
   if (o->balance_time) po.profile_input = dg_slice(ctx, x, 0, o->batch / o->micro);
   dg_pipe *p;
   dg_optim *opt;
@@ -213,11 +216,12 @@ static int run_pipe(const bopts *o, int r, const char *dir) {
   printf("{\"mode\": \"pipe\", \"rank\": %d, \"micro\": %d, \"schedule\": \"%s\", \"balance\": "
          "\"%s\", \"remat\": %d, \"batch\": %ld, \"layers\": \"%s\", \"first\": %d, \"last\": %d, "
          "\"step_s\": %.6f, \"samples_per_s\": %.1f, \"idle\": %.4f, \"theory_idle\": %.4f, "
-         "\"busy_s\": %.6f, \"arena_peak\": %zu, \"contexts\": %d}\n", r, o->micro,
+         "\"busy_s\": %.6f, \"arena_peak\": %zu, \"contexts\": %d, \"transport\": %d, "
+         "\"bytes_direct\": %zu, \"bytes_transport\": %zu}\n", r, o->micro,
          o->one_f_one_b ? "1f1b" : "gpipe", o->balance_time ? "time" : "even", o->remat,
          o->batch, o->layers, first, last, secs, (double)o->batch / secs,
          idle / (double)o->steps, 1.0 / (o->micro + 1.0), busy / (double)o->steps,
-         ss.arena_peak, ss.contexts);
+         ss.arena_peak, ss.contexts, o->transport, ss.bytes_direct, ss.bytes_transport);
   fflush(stdout);
   leave(st, pg, 2);
   return 0;

@@ -55,6 +55,8 @@ def configs(steps, batch, layers, micros):
         for sched in ("gpipe", "1f1b"):
             cf[f"pipe_{sched}_m{m}"] = base + model + ["--mode", "pipe", "--micro", str(m),
                                                        "--schedule", sched]
+        # the same 1F1B with the boundaries through TCP loopback, not the rings
+        cf[f"tcp_1f1b_m{m}"] = cf[f"pipe_1f1b_m{m}"] + ["--transport", "1"]
     for m in micros:
         cf[f"gemm_m{m}"] = base + model + ["--mode", "gemm", "--micro", str(m)]
     for bal in ("even", "time"):
@@ -113,6 +115,19 @@ def main():
                   f"{row['vs_single_t1']:.2f}x | {row['vs_single_t2']:.2f}x | {row['vs_ddp']:.2f}x | "
                   f"{bound:.2f}x | "
                   f"{peak[0] / 2**20:.1f} | {peak[1] / 2**20:.1f} |")
+    print("| M | 1F1B, boundaries written into the neighbour's ring | through TCP loopback | ring / TCP"
+          " | idle ring | idle TCP |")
+    print("|---|---|---|---|---|---|")
+    for m in micros:
+        k, t = f"pipe_1f1b_m{m}", f"tcp_1f1b_m{m}"
+        idle = [med(statistics.mean(x["idle"] for x in rnd) for rnd in res[j]) for j in (k, t)]
+        direct = med(sum(x["bytes_direct"] for x in rnd) for rnd in res[k])
+        rows.append({"figure": "boundaries", "micro": m, "schedule": "1f1b", "batch": a.batch,
+                     "layers": a.layers or "default", "samples_per_s_ring": sps[k],
+                     "samples_per_s_tcp": sps[t], "ring_over_tcp": sps[k] / sps[t],
+                     "idle_ring": idle[0], "idle_tcp": idle[1], "bytes_direct_per_step": direct})
+        print(f"| {m} | {sps[k]:.0f} | {sps[t]:.0f} | {sps[k] / sps[t]:.3f}x | "
+              f"{100 * idle[0]:.1f}% | {100 * idle[1]:.1f}% |")
     for bal in ("even", "time"):
         k = f"uneven_{bal}"
         ratio = med(max(x["busy_s"] for x in rnd) / statistics.mean(x["busy_s"] for x in rnd)

@@ -61,7 +61,15 @@
  * Boundaries carry one tensor per micro-batch, of any dtype (a gradient
  * flows back only through f32), with its shape and dtype in a header; the
  * shape must not change between the micro-batches of a step (an error
- * naming both shapes, not a hang).
+ * naming both shapes, not a hang). Between ranks on one host (a group whose
+ * ranks can attach each other's memory, as its allreduce does) a stage
+ * writes each boundary straight into a ring of M slots its neighbour holds
+ * and reads in place: one copy and a small notice instead of a socket's two
+ * copies and a staging copy. A ring is sized as the previous step's
+ * boundary, so a step's first boundaries, and a bigger one, go through the
+ * transport; each ring holds M boundaries (M x the boundary's bytes per
+ * neighbour and direction). opts.transport_boundaries turns it off;
+ * dg_pipe_stats counts the bytes each way went.
  *
  * DP x PP. With opts.dp_group (the ranks that hold the same stage in other
  * replicas; each replica's stages form `pg`), the stage's gradients are
@@ -104,6 +112,8 @@ typedef struct {
   dg_pg *dp_group;            /* DP x PP: this stage's replicas; NULL: none */
   const dg_swap_opts *swap;   /* activation swapping on this stage's contexts that
                                  record a tape (copied; stages may differ); NULL: off */
+  int transport_boundaries;   /* 1: through the transport even between ranks that could
+                                 write each other's memory (every rank the same) */
 } dg_pipe_opts;
 
 /* What the last step did on this stage (dg_pipe_get_stats). */
@@ -114,6 +124,9 @@ typedef struct {
   size_t arena_peak;      /* most bytes in use at once by the stage's contexts, last step */
   size_t arena_reserved;  /* bytes the stage's contexts hold now */
   int contexts;           /* micro-batch contexts: the schedule's most alive at once */
+  size_t bytes_direct;    /* boundary bytes this stage sent in the last step, written
+                             into the neighbour's ring */
+  size_t bytes_transport; /* ... sent through the transport */
 } dg_pipe_stats;
 
 /* Loss of one micro-batch on the last stage: out (mb, ...) and targets

@@ -11,17 +11,15 @@
  * both; a killed stage fails the other at once, naming it; a steady-state
  * step makes no heap allocation.
  *   test_pipe_equiv W */
-#include "dgrad/pipe.h"
-#include "tests/ddp/ddp_util.h"
-
 #define B 24
 #define IN 8
 #define HID 16
 #define NCLS 4
 #define STEPS 3
+#include "tests/pipe/pipe_util.h"
 
 typedef struct {
-  int M, kind, bn, remat;
+  int M, kind, bn, remat, transport; /* transport: opts.transport_boundaries */
 } cfg;
 
 static dg_module *model_bn(int bn) {
@@ -40,16 +38,6 @@ static dg_module *model_bn(int bn) {
 
 static dg_module *model(void) { return model_bn(0); }
 
-static dg_tensor *ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) {
-  (void)user;
-  return dg_cross_entropy(ctx, out, t);
-}
-
-static void batch(int step, float *x, int64_t *y) {
-  dg_rng_normal(99, (uint64_t)step * B * IN, x, B * IN);
-  for (int i = 0; i < B; i++) y[i] = (i * 3 + step) % NCLS;
-}
-
 static int rank_main(int r, int W, void *arg) {
   const cfg *c = arg;
   dg_store *st;
@@ -65,6 +53,7 @@ static int rank_main(int r, int W, void *arg) {
   po.micro_batches = c->M;
   po.schedule = (dg_pipe_schedule)c->kind;
   po.remat = c->remat;
+  po.transport_boundaries = c->transport;
   int rc = dg_pipe_new(&pipe, pg, model_bn(c->bn), ps, 5, &po, err, sizeof err);
   if (rc) fprintf(stderr, "rank %d: %s\n", r, err);
   REQUIRE(rc == DG_OK);
@@ -79,13 +68,21 @@ static int rank_main(int r, int W, void *arg) {
   float x[B * IN];
   int64_t y[B];
   for (int s = 0; s < STEPS; s++) {
-    batch(s, x, y);
+    batch(s, x, y); /* pipe_util.h */
     dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
     dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B}, y);
     float loss;
     rc = dg_pipe_step(pipe, xt, yt, ce, NULL, &loss);
     if (rc) fprintf(stderr, "rank %d: %s\n", r, dg_pipe_errmsg(pipe));
     REQUIRE(rc == DG_OK);
+    /* ranks on one host: from the second step (the rings sized by the
+     * first) every boundary goes into the neighbour's ring, unless asked */
+    dg_pipe_stats pst;
+    CHECK_OK(dg_pipe_get_stats(pipe, &pst));
+    if (W > 1 && s > 0 && !c->transport)
+      CHECK(pst.bytes_direct > 0 && pst.bytes_transport == 0);
+    else if (W > 1)
+      CHECK(pst.bytes_direct == 0 && pst.bytes_transport > 0);
     CHECK_OK(dg_optim_step(opt));
     dg_params_zero_grad(ps);
     double want = 0;
@@ -251,6 +248,11 @@ static int mismatch_rank(int r, int W, void *arg) {
   CHECK_EQ_INT(dg_pipe_new(&pipe, pg, model(), ps, 5, &po, err, sizeof err), DG_EMISMATCH);
   CHECK_STR_HAS(err, "micro-batches");
   CHECK(pipe == NULL);
+  po.micro_batches = 2;
+  po.transport_boundaries = r == 1;
+  CHECK_EQ_INT(dg_pipe_new(&pipe, pg, model(), ps, 5, &po, err, sizeof err), DG_EMISMATCH);
+  CHECK_STR_HAS(err, "transport_boundaries");
+  po.transport_boundaries = 0;
   int bal[2] = {4, 4}; /* 8 layers for a model of 5 */
   po.micro_batches = 2;
   po.balance = bal;
@@ -261,12 +263,66 @@ static int mismatch_rank(int r, int W, void *arg) {
   return dg_test_failures ? 1 : 0;
 }
 
+/* The batch grows and shrinks between steps: a boundary bigger than the
+ * rings goes through the transport, the rings grow after it, a smaller one
+ * fits; the loss and every gradient match the whole model's each step. */
+static int grow_rank(int r, int W, void *arg) {
+  (void)arg;
+  pu_rank k;
+  if (pu_open(&k, r, W)) return 2;
+  dg_params *ref;
+  dg_pipe *pipe;
+  char err[512];
+  REQUIRE(dg_params_new(&ref) == DG_OK);
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = 2;
+  po.schedule = DG_PIPE_1F1B;
+  REQUIRE(dg_pipe_new(&pipe, k.pg, model(), k.ps, 5, &po, err, sizeof err) == DG_OK);
+  dg_module *whole = model();
+  REQUIRE(dg_module_bind(whole, ref, "", 5) == DG_OK);
+  static const int rows[] = {24, 24, 48, 48, 24, 72};
+  static const int direct[] = {0, 1, 0, 1, 1, 0};
+  static float x[72 * IN];
+  static int64_t y[72];
+  for (int s = 0; s < 6; s++) {
+    dg_rng_normal(11, (uint64_t)s * 72 * IN, x, (size_t)rows[s] * IN);
+    for (int i = 0; i < rows[s]; i++) y[i] = (i + s) % NCLS;
+    dg_tensor *xt = dg_wrap(k.ctx, DG_F32, 2, (int64_t[]){rows[s], IN}, x);
+    dg_tensor *yt = dg_wrap(k.ctx, DG_I64, 1, (int64_t[]){rows[s]}, y);
+    float loss;
+    int rc = dg_pipe_step(pipe, xt, yt, ce, NULL, &loss);
+    if (rc) fprintf(stderr, "rank %d: %s\n", r, dg_pipe_errmsg(pipe));
+    REQUIRE(rc == DG_OK);
+    dg_pipe_stats pst;
+    CHECK_OK(dg_pipe_get_stats(pipe, &pst));
+    if (direct[s]) CHECK(pst.bytes_direct > 0 && pst.bytes_transport == 0);
+    else CHECK(pst.bytes_direct == 0 && pst.bytes_transport > 0);
+    dg_tensor *lr = dg_cross_entropy(k.ctx, dg_module_forward(whole, k.ctx, xt), yt);
+    REQUIRE(lr && dg_backward(k.ctx, lr) == DG_OK);
+    CHECK_NEAR(loss, dg_tensor_item(lr), 1e-5 * fabs(dg_tensor_item(lr)) + 1e-7);
+    for (int i = 0; i < dg_params_count(k.ps); i++) {
+      dg_tensor *a = dg_params_get(k.ps, i), *b = dg_params_find(ref, dg_tensor_name(a));
+      REQUIRE(b && dg_tensor_grad(a) && dg_tensor_grad(b));
+      const float *ga = dg_tensor_data(dg_tensor_grad(a)), *gb = dg_tensor_data(dg_tensor_grad(b));
+      for (int64_t j = 0; j < dg_tensor_numel(a); j++)
+        CHECK_NEAR(ga[j], gb[j], 1e-5 * fabs(gb[j]) + 1e-6);
+    }
+    dg_params_zero_grad(k.ps), dg_params_zero_grad(ref);
+    dg_ctx_reset(k.ctx);
+  }
+  dg_pipe_free(pipe);
+  dg_module_free(whole);
+  dg_params_free(ref);
+  pu_close(&k, W, 1);
+  return dg_test_failures ? 1 : 0;
+}
+
 /* One rank in this process (not forked, so LeakSanitizer sees its exit):
  * the pipe frees every layer it does not keep; K = 1 trains as one process. */
 static void one_stage_in_process(void) {
   snprintf(du_dir, sizeof du_dir, "/tmp/dg_pipe_test_XXXXXX");
   REQUIRE(mkdtemp(du_dir));
-  cfg c = {2, DG_PIPE_1F1B, 1, 1};
+  cfg c = {2, DG_PIPE_1F1B, 1, 1, 0};
   CHECK_EQ_INT(rank_main(0, 1, &c), 0);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", du_dir);
@@ -279,23 +335,28 @@ int main(int argc, char **argv) {
   for (int remat = 0; remat < 2; remat++)
     for (int kind = 0; kind < 2; kind++)
       for (int i = 0; i < 4; i++) {
-        cfg c = {Ms[i], kind, 0, remat};
+        cfg c = {Ms[i], kind, 0, remat, 0};
         int bad = du_run(W, rank_main, &c, 60, NULL);
         if (bad)
           fprintf(stderr, "K=%d M=%d %s%s: %d rank(s) failed\n", W, c.M,
                   kind ? "1f1b" : "gpipe", remat ? " remat" : "", bad);
         CHECK_EQ_INT(bad, 0);
       }
+  CHECK_EQ_INT(du_run(W, grow_rank, NULL, 60, NULL), 0);
   if (W == 2) {
     one_stage_in_process();
     CHECK_EQ_INT(du_run(2, mismatch_rank, NULL, 60, NULL), 0);
+    for (int kind = 0; kind < 2; kind++) { /* through the transport when asked */
+      cfg c = {3, kind, 0, 0, 1};
+      CHECK_EQ_INT(du_run(2, rank_main, &c, 60, NULL), 0);
+    }
     CHECK_EQ_INT(du_run(2, kill_rank, NULL, 60, NULL), 0);
     for (int kind = 0; kind < 4; kind++) { /* both schedules, with and without remat */
-      cfg c = {4, kind & 1, 1, kind >> 1};
+      cfg c = {4, kind & 1, 1, kind >> 1, 0};
       CHECK_EQ_INT(du_run(2, alloc_rank, &c, 60, NULL), 0);
     }
     for (int kind = 0; kind < 4; kind++) { /* BatchNorm: micro-batch statistics */
-      cfg c = {3, kind & 1, 1, kind >> 1};
+      cfg c = {3, kind & 1, 1, kind >> 1, 0};
       CHECK_EQ_INT(du_run(2, rank_main, &c, 60, NULL), 0);
     }
   }
