@@ -28,6 +28,7 @@
 #include "dist/net/net_impl.h"
 #include "dist/pg_ext.h"
 #include "dist/pipe_plan.h"
+#include "dist/pipe_dp.h"
 #include "dist/pipe_profile.h"
 #include "dist/pipe_ring.h"
 #include "base/trace_impl.h"
@@ -58,6 +59,7 @@ typedef struct {
 
 struct dg_pipe {
   dg_pg *pg, *dp;
+  dg__pipe_dp *dpx; /* the replicas' all-reduce, with dp */
   dg_params *ps;
   dg_module *stage;
   int K, s, M, first, last, nlayers, remat, kind, transport;
@@ -321,6 +323,7 @@ void dg_pipe_free(dg_pipe *p) {
   dg__pipe_link_free(&p->prev), dg__pipe_link_free(&p->next);
   for (int k = 0; p->pool && k < p->npool; k++) dg_ctx_free(p->pool[k]);
   dg_ctx_free(p->rctx);
+  dg__pipe_dp_free(p->dpx); /* its hooks went with the contexts */
   dg__free(p->pool), dg__free(p->owner), dg__free(p->mb), dg__free(p->hdr_out);
   dg__free(p->bufsave), dg__free(p->cost);
   dg__pipe_table_free(&p->tab);
@@ -331,45 +334,29 @@ void dg_pipe_free(dg_pipe *p) {
 /* ---- DP x PP: the stage's replicas ---- */
 
 
-/* Collective over the replicas: they must hold the same stage; the
- * parameters and buffers start as replica 0's. */
+/* Collective over the replicas (pipe_dp.h); the hook on every context
+ * where the stage's backward runs. */
 static int dp_setup(dg_pipe *p, char *err, size_t cap) {
-  const int R = dg_pg_size(p->dp);
-  int64_t mine[4] = {p->s, p->first, p->last, dg_params_count(p->ps)};
-  int64_t *all = dg__malloc((size_t)4 * R * sizeof *all);
-  if (!all) return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");
-  int rc = dg_pg_allgather_sync(p->dp, mine, all, 4, DG_I64);
-  if (rc) dg__fail_msg(err, cap, rc, "pipe_new: stage %d: exchanging stages with the replicas: "
-                       "%s", p->s, dg_pg_errmsg(p->dp));
-  for (int r = 0; !rc && r < R; r++)
-    if (memcmp(all + 4 * r, mine, sizeof mine))
-      rc = dg__fail_msg(err, cap, DG_EMISMATCH, "pipe_new: replica rank %d holds stage %lld "
-                        "(layers %lld-%lld, %lld parameters), replica rank %d stage %lld (layers "
-                        "%lld-%lld, %lld): dp_group must join the ranks of one stage",
-                        dg_pg_rank(p->dp), (long long)mine[0], (long long)mine[1],
-                        (long long)mine[2] - 1, (long long)mine[3], r, (long long)all[4 * r],
-                        (long long)all[4 * r + 1], (long long)all[4 * r + 2] - 1,
-                        (long long)all[4 * r + 3]);
-  dg__free(all);
-  size_t n = 0, nb = 0;
-  float *v = dg_params_data(p->ps, &n), *b = dg_params_buffer_data(p->ps, &nb);
-  if (!rc && n) rc = dg_pg_broadcast_sync(p->dp, v, n, DG_F32, 0);
-  if (!rc && nb) rc = dg_pg_broadcast_sync(p->dp, b, nb, DG_F32, 0);
-  if (rc && !*err) dg__fail_msg(err, cap, rc, "pipe_new: stage %d: broadcasting the parameters "
-                                "over the replicas: %s", p->s, dg_pg_errmsg(p->dp));
+  const int64_t id[4] = {p->s, p->first, p->last, dg_params_count(p->ps)};
+  int rc = dg__pipe_dp_new(&p->dpx, p->dp, p->ps, id, err, cap);
+  for (int k = 0; !rc && k <= p->npool; k++) {
+    dg_ctx *c = k < p->npool ? p->pool[k] : p->rctx;
+    if (c && (rc = dg__pipe_dp_hook(p->dpx, c)))
+      dg__fail_msg(err, cap, rc, "pipe_new: stage %d: installing the replicas' grad-ready hook: "
+                   "%s", p->s, dg_ctx_errmsg(c));
+  }
   return rc;
 }
 
-/* After the last backward: the gradients averaged over the replicas, the
- * running statistics from replica 0. */
+/* After the last backward: the gradients averaged over the replicas (the
+ * buckets not posted during it), the running statistics from replica 0. */
 static int dp_sync(dg_pipe *p) {
-  size_t n = 0, nb = 0;
-  float *g = dg_params_grad(p->ps, &n), *b = dg_params_buffer_data(p->ps, &nb);
-  int rc = n ? dg_pg_allreduce_sync(p->dp, g, n, DG_F32, DG_RED_AVG) : DG_OK;
-  if (!rc && nb) rc = dg_pg_broadcast_sync(p->dp, b, nb, DG_F32, 0);
+  char e[320] = "";
+  int rc = dg__pipe_dp_sync(p->dpx, e, sizeof e);
+  dg__pipe_dp_stats(p->dpx, &p->st.dp_buckets, &p->st.dp_buckets_early, &p->st.dp_wait_seconds);
   if (rc)
     return FAIL(p, rc, "pipe step %lld: stage %d: averaging gradients over the replicas: %s",
-                (long long)p->step, p->s, dg_pg_errmsg(p->dp));
+                (long long)p->step, p->s, e);
   return DG_OK;
 }
 
@@ -761,7 +748,9 @@ static int backward(dg_pipe *p, const step_args *a, int m) {
   dg_ctx *c = p->pool[b->slot], *bc = p->remat ? p->rctx : c;
   dg_tensor *y = p->remat ? recompute(p, a, m) : b->out;
   if (!y) return stage_failed(p, bc, m, "recomputation");
+  if (p->dpx) dg__pipe_dp_arm(p->dpx, m == p->M - 1); /* the step's last backward */
   int rc = last ? dg_backward(bc, y) : dg_backward_with(bc, y, b->gout);
+  if (p->dpx) dg__pipe_dp_arm(p->dpx, 0);
   if (rc) return stage_failed(p, bc, m, "backward");
   if (p->s > 0 && dg_tensor_dtype(b->in) == DG_F32) {
     dg_tensor *g = dg_tensor_grad(b->in);
@@ -916,7 +905,8 @@ static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn los
     }
   }
   rc = end_step(p, rc, started);
-  if (!rc && !eval && p->dp) rc = dp_sync(p);
+  if (rc && p->dpx) dg__pipe_dp_abort(p->dpx, rc, p->errmsg);
+  else if (!eval && p->dpx) rc = dp_sync(p);
   rc = share_loss(p, rc, loss);
   p->eval = 0;
   p->step++;

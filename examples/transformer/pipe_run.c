@@ -214,6 +214,10 @@ static void report(pipe_state *s, const gpt_pipe_opts *o) {
          last - 1, (long long)dg_params_numel(s->ps, 1),
          st.step_seconds > 0 ? 100.0 * st.wait_seconds / st.step_seconds : 0,
          (double)st.arena_reserved / (1024.0 * 1024.0), st.contexts);
+  if (s->R > 1)
+    printf("rank %d: the replicas' all-reduce in %d buckets, %d of them overlapped with the last "
+           "backward, %.2f ms waited after it\n", s->rank, st.dp_buckets, st.dp_buckets_early,
+           1e3 * st.dp_wait_seconds);
   (void)o;
 }
 

@@ -73,9 +73,12 @@
  *
  * DP x PP. With opts.dp_group (the ranks that hold the same stage in other
  * replicas; each replica's stages form `pg`), the stage's gradients are
- * averaged over dp_group once per step, after the last micro-batch's
- * backward, and the running statistics are broadcast from its rank 0; the
- * parameters are broadcast from it at creation. Build both groups with
+ * averaged over dp_group once per step, and the running statistics are
+ * broadcast from its rank 0; the parameters are broadcast from it at
+ * creation. The all-reduce goes in buckets (about 4 per stage, at most 25
+ * MiB each), each posted during the last micro-batch's backward as soon as
+ * its gradients are final, so it overlaps the rest of that backward; the
+ * step waits for them at its end. Build both groups with
  * dg_pg_new_group.
  *
  * Failure. Every wait is bounded by the group's timeout; an error names the
@@ -127,6 +130,9 @@ typedef struct {
   size_t bytes_direct;    /* boundary bytes this stage sent in the last step, written
                              into the neighbour's ring */
   size_t bytes_transport; /* ... sent through the transport */
+  int dp_buckets;         /* DP x PP: buckets of the replicas' gradient all-reduce */
+  int dp_buckets_early;   /* of them, posted during the last backward (overlapped) */
+  double dp_wait_seconds; /* blocked on them after the last backward */
 } dg_pipe_stats;
 
 /* Loss of one micro-batch on the last stage: out (mb, ...) and targets

@@ -394,9 +394,10 @@ static int balance_rank(int r, int W, void *arg) {
 
 /* 2 x 2: pipe groups {0, 1}, {2, 3}; replica groups {0, 2}, {1, 3}. Each
  * replica takes half of the batch; after every step each stage equals the
- * whole model trained on one process (clipped by the global norm). */
+ * whole model trained on one process (clipped by the global norm); every
+ * bucket of the replicas' all-reduce was posted during the last backward. */
 static int dpxpp_rank(int r, int W, void *arg) {
-  const int kind = *(const int *)arg;
+  const int kind = *(const int *)arg & 1, remat = *(const int *)arg >> 1;
   dg_store *st;
   dg_pg *world, *pipe_pg = NULL, *dp = NULL, *g;
   if (du_pg(r, W, &st, &world)) return 2;
@@ -417,6 +418,7 @@ static int dpxpp_rank(int r, int W, void *arg) {
   dg_pipe_opts po = dg_pipe_defaults();
   po.micro_batches = 2;
   po.schedule = (dg_pipe_schedule)kind;
+  po.remat = remat;
   po.dp_group = dp;
   dg_pipe *p;
   int rc = dg_pipe_new(&p, pipe_pg, model(0, 0), ps, 5, &po, err, sizeof err);
@@ -440,6 +442,14 @@ static int dpxpp_rank(int r, int W, void *arg) {
     if (rc) fprintf(stderr, "rank %d: %s\n", r, dg_pipe_errmsg(p));
     REQUIRE(rc == DG_OK);
     double norm, nref;
+    dg_pipe_stats pst; /* the replicas' all-reduce began during the last backward */
+    CHECK_OK(dg_pipe_get_stats(p, &pst));
+    if (pst.dp_buckets_early != pst.dp_buckets || pst.dp_buckets < 1 + r % 2)
+      fprintf(stderr, "rank %d: %d buckets, %d posted early\n", r, pst.dp_buckets,
+              pst.dp_buckets_early);
+    CHECK(pst.dp_buckets >= 1 + r % 2); /* stage 1: 2 Linear layers, 2 buckets */
+    CHECK_EQ_INT(pst.dp_buckets_early, pst.dp_buckets);
+    CHECK(pst.dp_wait_seconds >= 0);
     CHECK_OK(dg_pipe_clip_grad_norm(p, 0.05, &norm));
     CHECK_OK(dg_optim_step(opt));
     dg_params_zero_grad(ps);
@@ -574,7 +584,8 @@ int main(void) {
   CHECK_EQ_INT(du_run(2, token_rank, NULL, 60, NULL), 0);
   CHECK_EQ_INT(du_run(2, remat_rank, NULL, 60, NULL), 0);
   CHECK_EQ_INT(du_run(2, balance_rank, NULL, 60, NULL), 0);
-  for (int kind = 0; kind < 2; kind++) CHECK_EQ_INT(du_run(4, dpxpp_rank, &kind, 60, NULL), 0);
+  for (int kind = 0; kind < 4; kind++) /* both schedules, with and without remat */
+    CHECK_EQ_INT(du_run(4, dpxpp_rank, &kind, 60, NULL), 0);
   CHECK_EQ_INT(du_run(4, kill_middle_rank, NULL, 60, NULL), 0);
   for (int mode = 0; mode < 3; mode++) CHECK_EQ_INT(du_run(2, boundary_rank, &mode, 60, NULL), 0);
   return TEST_DONE();
