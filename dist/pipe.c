@@ -905,8 +905,11 @@ static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn los
     }
   }
   rc = end_step(p, rc, started);
-  if (rc && p->dpx) dg__pipe_dp_abort(p->dpx, rc, p->errmsg);
-  else if (!eval && p->dpx) rc = dp_sync(p);
+  if (rc && p->dpx) {
+    dg__pipe_dp_abort(p->dpx, rc, p->errmsg, started);
+  } else if (!eval && p->dpx && (rc = dp_sync(p))) {
+    dg__pg_abort(p->pg, rc, p->errmsg); /* the other stages wait for the loss */
+  }
   rc = share_loss(p, rc, loss);
   p->eval = 0;
   p->step++;

@@ -167,8 +167,8 @@ int dg__pipe_dp_sync(dg__pipe_dp *d, char *err, size_t cap) {
   return rc;
 }
 
-void dg__pipe_dp_abort(dg__pipe_dp *d, int code, const char *msg) {
-  if (d->next > 0) dg__pg_abort(d->dp, code, msg);
+void dg__pipe_dp_abort(dg__pipe_dp *d, int code, const char *msg, int started) {
+  if (started || d->next > 0) dg__pg_abort(d->dp, code, msg);
   reset(d);
 }
 

@@ -30,9 +30,11 @@ void dg__pipe_dp_arm(dg__pipe_dp *d, int on);
 /* After the last backward: posts the buckets not yet posted, waits for all
  * (bounded by dp's timeout), broadcasts the buffers from replica 0. */
 int dg__pipe_dp_sync(dg__pipe_dp *d, char *err, size_t cap);
-/* A failed step: fails dp with msg (so that the replicas do not wait out
- * their timeout) when a bucket was posted, and drops the posted works. */
-void dg__pipe_dp_abort(dg__pipe_dp *d, int code, const char *msg);
+/* A failed step: fails dp with msg when it had started (past its argument
+ * checks) or a bucket was posted, so that the other replicas, waiting in
+ * their all-reduce, fail at once instead of at their timeout; drops the
+ * posted works. */
+void dg__pipe_dp_abort(dg__pipe_dp *d, int code, const char *msg, int started);
 /* Buckets, those posted during the last backward, seconds waited in sync. */
 void dg__pipe_dp_stats(const dg__pipe_dp *d, int *buckets, int *early, double *wait);
 void dg__pipe_dp_free(dg__pipe_dp *d);

@@ -392,25 +392,33 @@ static int balance_rank(int r, int W, void *arg) {
   return dg_test_failures ? 1 : 0;
 }
 
-/* 2 x 2: pipe groups {0, 1}, {2, 3}; replica groups {0, 2}, {1, 3}. Each
+/* 2 x 2: pipe groups {0, 1}, {2, 3}; replica groups {0, 2}, {1, 3}. */
+static int dp_groups(int r, int W, dg_store **st, dg_pg **world, dg_pg **pipe_pg, dg_pg **dp) {
+  if (du_pg(r, W, st, world)) return 2;
+  char err[512];
+  static const int groups[4][2] = {{0, 1}, {2, 3}, {0, 2}, {1, 3}};
+  *pipe_pg = *dp = NULL;
+  for (int i = 0; i < 4; i++) {
+    dg_pg *g = NULL;
+    int rc = dg_pg_new_group(&g, *world, groups[i], 2, err, sizeof err);
+    if (rc) fprintf(stderr, "rank %d: %s\n", r, err);
+    REQUIRE(rc == DG_OK);
+    if (g) *(i < 2 ? pipe_pg : dp) = g;
+  }
+  REQUIRE(*pipe_pg && *dp);
+  return 0;
+}
+
+/* Each
  * replica takes half of the batch; after every step each stage equals the
  * whole model trained on one process (clipped by the global norm); every
  * bucket of the replicas' all-reduce was posted during the last backward. */
 static int dpxpp_rank(int r, int W, void *arg) {
   const int kind = *(const int *)arg & 1, remat = *(const int *)arg >> 1;
   dg_store *st;
-  dg_pg *world, *pipe_pg = NULL, *dp = NULL, *g;
-  if (du_pg(r, W, &st, &world)) return 2;
+  dg_pg *world, *pipe_pg, *dp;
+  if (dp_groups(r, W, &st, &world, &pipe_pg, &dp)) return 2;
   char err[512];
-  static const int groups[4][2] = {{0, 1}, {2, 3}, {0, 2}, {1, 3}};
-  for (int i = 0; i < 4; i++) {
-    g = NULL;
-    int rc = dg_pg_new_group(&g, world, groups[i], 2, err, sizeof err);
-    if (rc) fprintf(stderr, "rank %d: %s\n", r, err);
-    REQUIRE(rc == DG_OK);
-    if (g) *(i < 2 ? &pipe_pg : &dp) = g;
-  }
-  REQUIRE(pipe_pg && dp);
   dg_params *ps, *ref;
   dg_ctx *ctx;
   REQUIRE(dg_params_new(&ps) == DG_OK && dg_params_new(&ref) == DG_OK);
@@ -481,6 +489,58 @@ static int dpxpp_rank(int r, int W, void *arg) {
 /* Stage 1 of 4 dies after a step: stages 0, 2 and 3 fail their next step
  * within 2 s (not the 20 s timeout), each naming rank 1, stage 3 too, which
  * has no connection with it in the pipe's traffic. */
+static dg_tensor *fail_ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) {
+  (void)user, (void)t;
+  return dg_slice(ctx, out, 5, 2); /* an error: no loss */
+}
+
+/* DP x PP, 2 x 2: the loss fails on rank 3 (stage 1 of replica 1) in the
+ * second step. Its pipe peer fails with it (the pipe group), and so do
+ * both stages of replica 0, which would wait in their replicas' all-reduce:
+ * the failing ranks fail the replica groups too. All at once, well inside
+ * the groups' 20 s timeout, naming rank 3. */
+static int dp_fail_rank(int r, int W, void *arg) {
+  (void)arg;
+  dg_store *st;
+  dg_pg *world, *pipe_pg, *dp;
+  if (dp_groups(r, W, &st, &world, &pipe_pg, &dp)) return 2;
+  dg_params *ps;
+  dg_ctx *ctx;
+  char err[512];
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_ctx_new(&ctx, NULL) == DG_OK);
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = 2;
+  po.dp_group = dp;
+  dg_pipe *p;
+  REQUIRE(dg_pipe_new(&p, pipe_pg, model(0, 0), ps, 5, &po, err, sizeof err) == DG_OK);
+  float x[B * IN];
+  int64_t y[B];
+  batch(0, x, y);
+  dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B / 2, IN}, x);
+  dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B / 2}, y);
+  CHECK_OK(dg_pipe_step(p, xt, yt, ce, NULL, NULL));
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int rc = dg_pipe_step(p, xt, yt, r == 3 ? fail_ce : ce, NULL, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  if (rc == DG_OK || secs >= 10)
+    fprintf(stderr, "rank %d: step 1 returned %d after %.1f s: %s\n", r, rc, secs,
+            dg_pipe_errmsg(p));
+  CHECK(rc != DG_OK);
+  CHECK(secs < 10);
+  fprintf(stderr, "rank %d failed after %.3f s: %s\n", r, secs, dg_pipe_errmsg(p));
+  if (r != 3) CHECK_STR_HAS(dg_pipe_errmsg(p), "rank 3"); /* the failing rank is named */
+  dg_pipe_free(p);
+  dg_params_free(ps);
+  dg_ctx_free(ctx);
+  dg_pg_free(pipe_pg);
+  dg_pg_free(dp);
+  dg_pg_free(world);
+  dg_store_free(st);
+  return dg_test_failures ? 1 : 0;
+}
+
 static int kill_middle_rank(int r, int W, void *arg) {
   (void)arg;
   pu_rank k;
@@ -586,6 +646,7 @@ int main(void) {
   CHECK_EQ_INT(du_run(2, balance_rank, NULL, 60, NULL), 0);
   for (int kind = 0; kind < 4; kind++) /* both schedules, with and without remat */
     CHECK_EQ_INT(du_run(4, dpxpp_rank, &kind, 60, NULL), 0);
+  CHECK_EQ_INT(du_run(4, dp_fail_rank, NULL, 60, NULL), 0);
   CHECK_EQ_INT(du_run(4, kill_middle_rank, NULL, 60, NULL), 0);
   for (int mode = 0; mode < 3; mode++) CHECK_EQ_INT(du_run(2, boundary_rank, &mode, 60, NULL), 0);
   return TEST_DONE();
