@@ -23,17 +23,28 @@ static const uint64_t cma_magic = 0x6467636d61707262ULL;
 
 const uint64_t *dg__cma_probe(void) { return &cma_magic; }
 
-static int read_peer(pid_t pid, void *dst, uint64_t src, size_t n) {
+/* n bytes between local memory and address `remote` of process pid: read
+ * into local, or (write) from it. 0 or -errno. */
+static int cma_copy(pid_t pid, void *local, uint64_t remote, size_t n, int write) {
   while (n > 0) {
-    struct iovec l = {dst, n}, r = {(void *)(uintptr_t)src, n};
-    ssize_t k = process_vm_readv(pid, &l, 1, &r, 1, 0);
+    struct iovec l = {local, n}, r = {(void *)(uintptr_t)remote, n};
+    ssize_t k = write ? process_vm_writev(pid, &l, 1, &r, 1, 0)
+                      : process_vm_readv(pid, &l, 1, &r, 1, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) return k < 0 ? -errno : -EIO;
-    dst = (char *)dst + k;
-    src += (uint64_t)k;
+    local = (char *)local + k;
+    remote += (uint64_t)k;
     n -= (size_t)k;
   }
   return 0;
+}
+
+static int read_peer(pid_t pid, void *dst, uint64_t src, size_t n) {
+  return cma_copy(pid, dst, src, n, 0);
+}
+
+int dg__cma_write(int pid, uint64_t dst, const void *src, size_t n) {
+  return cma_copy((pid_t)pid, (void *)src, dst, n, 1);
 }
 
 int dg__host_id(const dg_pg *pg, char *out, size_t cap) {

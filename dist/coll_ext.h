@@ -9,6 +9,12 @@
 
 #include "dist/pg_ext.h"
 
+/* ---- cross-memory attach (coll_cma.c) ---- */
+
+/* Writes n bytes of src to address dst of process pid (a rank of a group
+ * where dg__pg_peer_pid gives pids): 0 or -errno. */
+int dg__cma_write(int pid, uint64_t dst, const void *src, size_t n);
+
 /* ---- shared memory between the ranks of one host (coll_shm.c) ---- */
 
 /* Maps one new segment of len bytes on every rank (collective: public

@@ -288,7 +288,6 @@ int dg_pipe_new(dg_pipe **out, dg_pg *pg, dg_module *seq, dg_params *ps, uint64_
   p->M = o.micro_batches ? o.micro_batches : 1;
   p->kind = (int)o.schedule, p->remat = !!o.remat, p->seed = seed;
   p->transport = !!o.transport_boundaries;
-  p->prev.peer = p->next.peer = -1;
   p->nlayers = dg_sequential_len(seq);
   int bounds[DG__PIPE_MAX_STAGES + 1];
   dg__pipe_stats ts;

@@ -70,7 +70,8 @@ int dg__pipe_dp_new(dg__pipe_dp **out, dg_pg *dp, dg_params *ps, const int64_t i
   const int R = dg_pg_size(dp);
   int64_t *all = dg__malloc((size_t)4 * R * sizeof *all);
   dg__pipe_dp *d = dg__calloc(1, sizeof *d);
-  if (!all || !d || (d->dp = dp, d->ps = ps, make_buckets(d))) {
+  if (d) d->dp = dp, d->ps = ps;
+  if (!all || !d || make_buckets(d)) {
     dg__free(all);
     dg__pipe_dp_free(d);
     return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: out of memory");

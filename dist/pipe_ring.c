@@ -1,10 +1,7 @@
 /* Boundaries written straight into a neighbour's memory (pipe_ring.h). */
 #include "dist/pipe_ring.h"
 
-#include <errno.h>
-#include <sys/uio.h>
-
-#include "dist/pg_ext.h"
+#include "dist/coll_ext.h"
 #include "base/common_impl.h"
 
 #define SLOT_ALIGN 64 /* slots a whole number of cache lines */
@@ -49,16 +46,7 @@ int dg__pipe_link_theirs(dg__pipe_link *l, int64_t step, size_t *slot, char *err
 }
 
 int dg__pipe_link_write(const dg__pipe_link *l, int m, const void *src, size_t n) {
-  uint64_t dst = l->theirs + (uint64_t)m * l->their_slot;
-  const char *s = src;
-  while (n > 0) {
-    struct iovec a = {(void *)s, n}, b = {(void *)(uintptr_t)dst, n};
-    ssize_t k = process_vm_writev(l->pid, &a, 1, &b, 1, 0);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return k < 0 ? -errno : -EIO;
-    s += k, dst += (uint64_t)k, n -= (size_t)k;
-  }
-  return 0;
+  return dg__cma_write(l->pid, l->theirs + (uint64_t)m * l->their_slot, src, n);
 }
 
 int dg__pipe_link_end(dg__pipe_link *l) {

@@ -24,6 +24,13 @@ static inline void batch(int64_t step, float *x, int64_t *y) {
   for (int i = 0; i < B; i++) y[i] = (i * 5 + step) % NCLS;
 }
 
+/* Monotonic seconds (how long a failing step took to fail). */
+static inline double pu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* A rank of a pipe test: its group (du_pg), an empty parameter store for
  * its stage and a context. */
 typedef struct {
