@@ -519,6 +519,15 @@ static int dp_fail_rank(int r, int W, void *arg) {
   dg_tensor *xt = dg_wrap(ctx, DG_F32, 2, (int64_t[]){B / 2, IN}, x);
   dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, (int64_t[]){B / 2}, y);
   CHECK_OK(dg_pipe_step(p, xt, yt, ce, NULL, NULL));
+  /* every rank is out of step 0 before rank 3 fails: its failure fails the
+   * groups, and a rank still waiting on step 0's last messages would fail
+   * that step instead */
+  int64_t done = 0;
+  dg_store_add(st, "step0", 1, &done);
+  for (int i = 0; done < W && i < 4000; i++) {
+    usleep(2000);
+    dg_store_add(st, "step0", 0, &done);
+  }
   const double t0 = pu_now();
   int rc = dg_pipe_step(p, xt, yt, r == 3 ? fail_ce : ce, NULL, NULL);
   const double secs = pu_now() - t0;
@@ -529,6 +538,12 @@ static int dp_fail_rank(int r, int W, void *arg) {
   CHECK(secs < 10);
   fprintf(stderr, "rank %d failed after %.3f s: %s\n", r, secs, dg_pipe_errmsg(p));
   if (r != 3) CHECK_STR_HAS(dg_pipe_errmsg(p), "rank 3"); /* the failing rank is named */
+  int64_t n = 0; /* the groups stay up until all failed: no rank sees another leave */
+  dg_store_add(st, "failed", 1, &n);
+  for (int i = 0; n < W && i < 10000; i++) {
+    usleep(2000);
+    dg_store_add(st, "failed", 0, &n);
+  }
   dg_pipe_free(p);
   dg_params_free(ps);
   dg_ctx_free(ctx);
