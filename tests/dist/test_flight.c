@@ -108,8 +108,9 @@ static int stall(dg_pg *pg, int r) {
   int rc = dg_work_wait(w, 0);
   const char *m = dg_work_errmsg(w);
   /* behind: no rank exits while another may still be comparing positions
-   * (a quarter of the timeout at most), or that one would see it gone */
-  if (behind) usleep(1500000);
+   * or learning of the failure, or that one would see it gone: twice the
+   * timeout (under TSan one rank once learned only after 1.5 s more) */
+  if (behind) usleep(3000000);
   int ok;
   if (behind && m && strstr(m, " is gone;")) /* the first rank to fail closed its
      * connections before it had published its position: the others are named */
