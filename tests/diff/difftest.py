@@ -260,11 +260,14 @@ def t_apply(op, xs, wd, mask=None, kinks=None):
     if n == "layernorm":
         return [F.layer_norm(x, (x.shape[-1],), xs[1], xs[2], a[0])]
     if n == "batchnorm":  # train: batch statistics, no running ones; eval: running (data leaves)
-        y = F.batch_norm(x, xs[3], xs[4], xs[1], xs[2], training=bool(a[0]), eps=a[1])
-        # torch 1.13's CPU batch_norm backward is wrong when the incoming
-        # gradient has channels-last strides and x has not (after a transpose
-        # of the output: gradcheck fails, seed 1772718725): hand it a
-        # contiguous gradient, which changes no value
+        # torch 1.13's CPU batch_norm backward is wrong when x and the
+        # incoming gradient differ in layout: gradient channels-last, x not
+        # (a transpose of the output, seed 1772718725), or x channels-last
+        # and the gradient not (a permute of the input, seed 991282014: bias
+        # gradient [3, -5] where the sums are [0, -2]). Hand it contiguous
+        # x and gradient, which changes no value
+        y = F.batch_norm(x.contiguous(), xs[3], xs[4], xs[1], xs[2],
+                         training=bool(a[0]), eps=a[1])
         if y.requires_grad:
             y.register_hook(lambda g: g.contiguous())
         return [y]
