@@ -3,6 +3,7 @@
  * so backward is one reverse walk. A parameter's gradient is final once the
  * walk passes the first node that used it; that is when its ready hook
  * fires. */
+#include <stdio.h>
 #include <string.h>
 
 #include "core/core_impl.h"
@@ -433,32 +434,48 @@ static int from_this_step(const dg_ctx *ctx, const dg_tensor *t) {
   return n->consumed || (n->index >= 0 && n->index < ctx->ntape && ctx->tape[n->index] == n);
 }
 
-int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
+/* Output k of a backward (k < 0: the only one) with its gradient: refused
+ * before anything is written. */
+static int check_root(dg_ctx *ctx, int k, dg_tensor *out, dg_tensor *grad_out) {
+  char w[32] = "";
+  if (k >= 0) snprintf(w, sizeof w, " %d", k);
+  if (!out) return dg__set_error(ctx, DG_EINVAL, "backward: output%s is NULL", w);
+  if (!from_this_step(ctx, out)) /* first: nothing of out is read before it */
+    return dg__set_error(ctx, DG_ESTATE,
+                         "backward: output%s is not a tensor of this context's current step "
+                         "(made before the last dg_ctx_reset, or by another context)", w);
+  if (!dg__wants_grad(out))
+    return dg__set_error(ctx, DG_EINVAL,
+                         "backward: output%s does not require grad (no parameter or "
+                         "grad-requiring input reaches it, or grad mode was off)", w);
+  if (out->node && out->node->consumed)
+    return dg__set_error(ctx, DG_ESTATE,
+                         "backward: the tape that produced output%s was already consumed by "
+                         "an earlier backward (run the forward again)", w);
+  if (grad_out && grad_out->dtype != DG_F32)
+    return dg__set_error(ctx, DG_EDTYPE, "backward: grad_out%s must be f32, got %s", w,
+                         dg_dtype_name(grad_out->dtype));
+  if (grad_out && !dg__same_shape(out, grad_out)) {
+    char a[96], b[96];
+    return dg__set_error(ctx, DG_ESHAPE, "backward: grad_out%s %s does not match output %s", w,
+                         dg__shape_str(grad_out, b, sizeof b), dg__shape_str(out, a, sizeof a));
+  }
+  return DG_OK;
+}
+
+/* Seeds each root's gradient (+=: a root given twice gets both), then
+ * walks the tape once. */
+static int backward_roots(dg_ctx *ctx, int n, dg_tensor *const *outs, dg_tensor *const *grads) {
   if (!ctx) return DG_EINVAL;
-  if (!out) return dg__set_error(ctx, DG_EINVAL, "backward: output is NULL");
   if (ctx->in_backward) return dg__set_error(ctx, DG_ESTATE, "backward: called from a hook");
   /* an earlier op error the caller moved past must not fail this backward:
    * backward reports only its own errors */
   dg_ctx_clear_error(ctx);
-  if (!from_this_step(ctx, out)) /* first: nothing of out is read before it */
-    return dg__set_error(ctx, DG_ESTATE,
-                         "backward: the output is not a tensor of this context's current step "
-                         "(made before the last dg_ctx_reset, or by another context)");
-  if (!dg__wants_grad(out))
-    return dg__set_error(ctx, DG_EINVAL,
-                         "backward: the output does not require grad (no parameter or "
-                         "grad-requiring input reaches it, or grad mode was off)");
-  if (out->node && out->node->consumed)
-    return dg__set_error(ctx, DG_ESTATE,
-                         "backward: the tape that produced this output was already consumed by "
-                         "an earlier backward (run the forward again)");
-  if (grad_out && grad_out->dtype != DG_F32)
-    return dg__set_error(ctx, DG_EDTYPE, "backward: grad_out must be f32, got %s",
-                         dg_dtype_name(grad_out->dtype));
-  if (grad_out && !dg__same_shape(out, grad_out)) {
-    char a[96], b[96];
-    return dg__set_error(ctx, DG_ESHAPE, "backward: grad_out %s does not match output %s",
-                         dg__shape_str(grad_out, b, sizeof b), dg__shape_str(out, a, sizeof a));
+  if (n < 1 || !outs)
+    return dg__set_error(ctx, DG_EINVAL, "backward: %d outputs%s", n, outs ? "" : " (NULL)");
+  for (int k = 0; k < n; k++) {
+    int e = check_root(ctx, n > 1 ? k : -1, outs[k], grads ? grads[k] : NULL);
+    if (e) return e;
   }
   for (int i = 0; i < ctx->nattached; i++)
     if (!involve_store(ctx, ctx->attached[i])) return ctx->err;
@@ -468,12 +485,14 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
     if (e) return dg__set_error(ctx, e, "backward: a pending parameter update failed (%s)",
                                 dg_strerror(e));
   }
-  float *g = dg__grad_buf(ctx, out);
-  if (!g) return ctx->err ? ctx->err : DG_ENOMEM;
-  int64_t n = dg__numel(out);
-  const float *go = grad_out ? dg__contig_data(ctx, "backward", grad_out) : NULL;
-  if (grad_out && !go) return ctx->err;
-  dg__be_of(out)->mem->add_f32(g, go, n);
+  for (int k = 0; k < n; k++) {
+    float *g = dg__grad_buf(ctx, outs[k]);
+    if (!g) return ctx->err ? ctx->err : DG_ENOMEM;
+    dg_tensor *go_t = grads ? grads[k] : NULL;
+    const float *go = go_t ? dg__contig_data(ctx, "backward", go_t) : NULL;
+    if (go_t && !go) return ctx->err;
+    dg__be_of(outs[k])->mem->add_f32(g, go, dg__numel(outs[k]));
+  }
 
   int prev = dg_ctx_set_grad_enabled(ctx, 0);
   ctx->in_backward = 1;
@@ -495,6 +514,14 @@ int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
   if (rc && !ctx->err) dg__set_error(ctx, rc, "backward: a backward-end hook failed (%s)",
                                      dg_strerror(rc));
   return rc;
+}
+
+int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out) {
+  return backward_roots(ctx, 1, &out, grad_out ? &grad_out : NULL);
+}
+
+int dg_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs, dg_tensor *const *grads) {
+  return backward_roots(ctx, n, outs, grads);
 }
 
 int dg_backward(dg_ctx *ctx, dg_tensor *loss) { return dg_backward_with(ctx, loss, NULL); }

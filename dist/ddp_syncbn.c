@@ -93,7 +93,8 @@ static void sb_destroy(dg_module *m) {
   s->gather_cap = 0;
 }
 
-static const dg_module_vtable sb_vt = {"SyncBatchNorm", dg__bn_forward, dg__bn_bind, sb_destroy};
+static const dg_module_vtable sb_vt = {"SyncBatchNorm", dg__bn_forward, dg__bn_bind, sb_destroy,
+                                       NULL};
 
 static int sb_new(dg_module **out, int64_t C, float eps, float momentum, dg_pg *pg, int min_dims,
                   int max_dims, const char *desc) {

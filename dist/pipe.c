@@ -34,24 +34,28 @@
 #include "base/trace_impl.h"
 
 enum { TAG_ACT = 0x70690001u, TAG_GRAD = 0x70690002u, TAG_RING = 0x70690003u };
-#define SHP (2 + DG_MAX_DIMS) /* ndim, dtype, shape */
+#define NT DG_PIPE_MAX_TENSORS
+#define TSZ (3 + DG_MAX_DIMS) /* a tensor in a header: ndim, dtype, grad, shape */
+#define SHP (1 + NT * TSZ)    /* a boundary: its tensors' count, then each */
 #define HDR (SHP + 2)         /* SHP, step, 1: in the receiver's ring */
-enum { S_HDR, S_ACT, S_GRAD, NSENDS };
+#define ALIGN 64              /* a boundary's tensors start on cache lines */
+enum { S_HDR = 0, S_ACT = 1, S_GRAD = 1 + NT, NSENDS = 1 + 2 * NT };
 
 typedef struct {
-  dg_tensor *in, *out, *gout, *gin; /* gin: the input gradient sent back */
+  dg_tensor *in[NT], *out[NT], *gout[NT], *gin[NT]; /* gin: the gradients sent back */
+  int nin, nout;
   int slot;                         /* pool context, -1: none */
   int done;                         /* every action ran; waits for its sends */
   dg_work *sends[NSENDS];
-  dg_work *grecv;                   /* gout's receive, posted with the activation's send */
-  int gring;                        /* gout is this rank's ring slot; grecv a notice */
+  dg_work *grecv[NT];               /* gout's receives, posted with the activation's send */
+  int gring;                        /* gout is in this rank's ring; grecv[0] a notice */
   int64_t note, note_out;           /* the gradient's notice (its step) in, out */
 } pipe_mb;
 
 /* The next activation's receives, posted ahead into pipe-owned memory. */
 typedef struct {
   int mb;                   /* the micro-batch posted, -1: none */
-  dg_work *hdr, *data;
+  dg_work *hdr, *data[NT];
   int64_t h[HDR];           /* the header being received, ahead or not */
   void *buf;                /* the step's boundary bytes; grows, never shrinks */
   size_t cap;
@@ -71,7 +75,8 @@ struct dg_pipe {
   dg_ctx *rctx;  /* re-materialization: tapeless forwards, recomputed backwards */
   pipe_mb *mb;   /* M */
   int64_t *hdr_out;    /* (M, HDR) headers sent, alive until their sends end */
-  int64_t shape0[SHP]; /* the step's boundary: ndim, dtype, shape */
+  int64_t shape0[SHP]; /* the step's boundary: count, then each tensor's ndim, dtype, grad,
+                          shape */
   pipe_ahead ahead;
   dg__pipe_link prev, next; /* rings written directly (pipe_ring.h) */
   size_t in_bytes, out_bytes; /* the last boundary received, sent (f32: 0 else) */
@@ -315,9 +320,10 @@ void dg_pipe_free(dg_pipe *p) {
   if (!p) return;
   for (int m = 0; p->mb && m < p->M; m++) {
     for (int j = 0; j < NSENDS; j++) dg_work_free(p->mb[m].sends[j]);
-    dg_work_free(p->mb[m].grecv);
+    for (int i = 0; i < NT; i++) dg_work_free(p->mb[m].grecv[i]);
   }
-  dg_work_free(p->ahead.hdr), dg_work_free(p->ahead.data);
+  dg_work_free(p->ahead.hdr);
+  for (int i = 0; i < NT; i++) dg_work_free(p->ahead.data[i]);
   dg__free(p->ahead.buf);
   dg__pipe_link_free(&p->prev), dg__pipe_link_free(&p->next);
   for (int k = 0; p->pool && k < p->npool; k++) dg_ctx_free(p->pool[k]);
@@ -392,21 +398,24 @@ static int retire(dg_pipe *p, int m) {
     int e = dg_work_wait(b->sends[j], 0);
     if (e && !rc)
       rc = FAIL(p, e, "pipe step %lld: stage %d: %s of micro-batch %d to stage %d did not "
-                "complete: %s", (long long)p->step, p->s, j == S_GRAD ? "the gradient" :
-                "the activation", m, j == S_GRAD ? p->s - 1 : p->s + 1,
+                "complete: %s", (long long)p->step, p->s, j >= S_GRAD ? "the gradient" :
+                "the activation", m, j >= S_GRAD ? p->s - 1 : p->s + 1,
                 dg_work_errmsg(b->sends[j]));
     dg_work_free(b->sends[j]);
     b->sends[j] = NULL;
   }
-  dg_work_free(b->grecv); /* pending only after a failure (end_step aborted the group) */
-  b->grecv = NULL;
+  for (int i = 0; i < NT; i++) { /* pending only after a failure (end_step aborted the group) */
+    dg_work_free(b->grecv[i]);
+    b->grecv[i] = NULL;
+  }
   p->wait += now_s() - t0;
   if (b->slot >= 0) {
     dg_ctx_reset(p->pool[b->slot]);
     p->owner[b->slot] = -1;
   }
-  b->slot = -1, b->done = 0, b->gring = 0;
-  b->in = b->out = b->gout = b->gin = NULL;
+  b->slot = -1, b->done = 0, b->gring = 0, b->nin = b->nout = 0;
+  memset(b->in, 0, sizeof b->in), memset(b->out, 0, sizeof b->out);
+  memset(b->gout, 0, sizeof b->gout), memset(b->gin, 0, sizeof b->gin);
   return rc;
 }
 
@@ -501,49 +510,92 @@ static int post_send(dg_pipe *p, const void *buf, size_t n, dg_dtype dt, int dst
   return DG_OK;
 }
 
-static int bad_boundary(dg_pipe *p, int m, const int64_t *h) {
-  char a[96], b[96];
-  return FAIL(p, DG_ESHAPE, "pipe step %lld: stage %d: micro-batch %d arrives as %s %s, "
-              "micro-batch 0 as %s %s: a boundary's shape and dtype must not change within a "
-              "step", (long long)p->step, p->s, m, dg_dtype_name((dg_dtype)h[1]),
-              dg__dims_str((int)h[0], h + 2, a, sizeof a),
-              dg_dtype_name((dg_dtype)p->shape0[1]),
-              dg__dims_str((int)p->shape0[0], p->shape0 + 2, b, sizeof b));
+/* Tensor i of the boundary header h: ndim, dtype, grad, shape. */
+static const int64_t *tdesc(const int64_t *h, int i) { return h + 1 + (size_t)i * TSZ; }
+
+static size_t tbytes(const int64_t *t) {
+  size_t n = dg_dtype_size((dg_dtype)t[1]);
+  for (int d = 0; d < (int)t[0]; d++) n *= (size_t)t[3 + d];
+  return n;
 }
 
-static size_t boundary_bytes(const int64_t *h) {
-  size_t n = dg_dtype_size((dg_dtype)h[1]);
-  for (int d = 0; d < (int)h[0]; d++) n *= (size_t)h[2 + d];
-  return n;
+/* The boundary's tensors one after the other, each on a cache line: their
+ * offsets into off, the total bytes returned. grads: the gradients only
+ * (the tensors marked grad; the others' offsets are unused). */
+static size_t layout(const int64_t *h, int grads, size_t *off) {
+  size_t total = 0;
+  for (int i = 0; i < (int)h[0]; i++) {
+    const int64_t *t = tdesc(h, i);
+    off[i] = total;
+    if (!grads || t[2]) total += (tbytes(t) + ALIGN - 1) / ALIGN * ALIGN;
+  }
+  return total;
+}
+
+/* "f32 (4, 8) grad, i64 (4,)" */
+static const char *boundary_str(const int64_t *h, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < (int)h[0] && n < cap; i++) {
+    const int64_t *t = tdesc(h, i);
+    char d[96];
+    int k = snprintf(buf + n, cap - n, "%s%s %s%s", i ? ", " : "", dg_dtype_name((dg_dtype)t[1]),
+                     dg__dims_str((int)t[0], t + 3, d, sizeof d), t[2] ? " grad" : "");
+    if (k < 0) break;
+    n += (size_t)k;
+  }
+  return buf;
+}
+
+static int bad_boundary(dg_pipe *p, int m, const int64_t *h) {
+  char a[384], b[384];
+  return FAIL(p, DG_ESHAPE, "pipe step %lld: stage %d: micro-batch %d arrives as [%s], "
+              "micro-batch 0 as [%s]: a boundary's tensors, shapes and dtypes must not change "
+              "within a step", (long long)p->step, p->s, m, boundary_str(h, a, sizeof a),
+              boundary_str(p->shape0, b, sizeof b));
 }
 
 /* Whether a boundary of n bytes goes into the receiver's ring this step:
  * both sides decide alike, from the slot the receiver announced. */
 static int fits(size_t slot, size_t n) { return slot > 0 && n <= slot; }
 
+static int check_desc(const int64_t *h) {
+  if (h[0] < 1 || h[0] > NT) return 0;
+  for (int i = 0; i < (int)h[0]; i++) {
+    const int64_t *t = tdesc(h, i);
+    if (t[0] < 1 || t[0] > DG_MAX_DIMS || t[1] < 0 || t[1] >= DG_NDTYPES || (t[2] & ~1) ||
+        (t[2] && t[1] != DG_F32))
+      return 0;
+    for (int d = 0; d < (int)t[0]; d++)
+      if (t[3 + d] < 0) return 0;
+  }
+  return 1;
+}
+
 static int check_header(dg_pipe *p, int m, const int64_t *h) {
-  if (h[0] < 1 || h[0] > DG_MAX_DIMS || h[1] < 0 || h[1] >= DG_NDTYPES || h[SHP] != p->step ||
-      (h[SHP + 1] & ~1))
+  if (!check_desc(h) || h[SHP] != p->step || (h[SHP + 1] & ~1))
     return FAIL(p, DG_EPEER, "pipe step %lld: stage %d: micro-batch %d: a malformed activation "
-                "header from stage %d (ndim %lld, dtype %lld, step %lld)", (long long)p->step,
-                p->s, m, p->s - 1, (long long)h[0], (long long)h[1], (long long)h[SHP]);
-  if (m == 0) memcpy(p->shape0, h, sizeof p->shape0), p->in_bytes = boundary_bytes(h);
+                "header from stage %d (%lld tensors, step %lld)", (long long)p->step, p->s, m,
+                p->s - 1, (long long)h[0], (long long)h[SHP]);
+  size_t off[NT];
+  const size_t n = layout(h, 0, off);
+  if (m == 0) memcpy(p->shape0, h, sizeof p->shape0), p->in_bytes = n;
   else if (memcmp(p->shape0, h, sizeof p->shape0)) return bad_boundary(p, m, h);
-  if (h[SHP + 1] != fits(p->prev.slot, boundary_bytes(h)))
+  if (h[SHP + 1] != fits(p->prev.slot, n))
     return FAIL(p, DG_EPEER, "pipe step %lld: stage %d: micro-batch %d: stage %d sent %zu bytes "
                 "%s, but this stage's ring holds %zu per slot", (long long)p->step, p->s, m,
-                p->s - 1, boundary_bytes(h), h[SHP + 1] ? "into the ring" : "by the transport",
-                p->prev.slot);
+                p->s - 1, n, h[SHP + 1] ? "into the ring" : "by the transport", p->prev.slot);
   return DG_OK;
 }
 
-/* Posts micro-batch m's header and data receives into p->ahead, sized as
- * the step's boundary (a sender whose m differs in bytes fails the
+/* Posts micro-batch m's header and data receives into p->ahead, laid out
+ * as the step's boundary (a sender whose m differs in bytes fails the
  * transport with both sizes; one that differs in shape only fails the
  * header check). */
 static int post_ahead(dg_pipe *p, int m) {
   pipe_ahead *a = &p->ahead;
-  const size_t n = boundary_bytes(p->shape0);
+  size_t off[NT];
+  const size_t n = layout(p->shape0, 0, off);
   a->mb = m;
   int rc = post_recv(p, a->h, HDR, DG_I64, p->s - 1, TAG_ACT, &a->hdr,
                      "receiving the activation header", m);
@@ -554,9 +606,27 @@ static int post_ahead(dg_pipe *p, int m) {
     dg__free(a->buf);
     a->buf = b, a->cap = n;
   }
-  const dg_dtype dt = (dg_dtype)p->shape0[1];
-  return post_recv(p, a->buf, n / dg_dtype_size(dt), dt, p->s - 1, TAG_ACT, &a->data,
-                   "receiving the activation", m);
+  for (int i = 0; !rc && i < (int)p->shape0[0]; i++) {
+    const int64_t *t = tdesc(p->shape0, i);
+    const dg_dtype dt = (dg_dtype)t[1];
+    rc = post_recv(p, (char *)a->buf + off[i], tbytes(t) / dg_dtype_size(dt), dt, p->s - 1,
+                   TAG_ACT, &a->data[i], "receiving the activation", m);
+  }
+  return rc;
+}
+
+/* Tensor i of micro-batch m's activation into x: from the ring (nothing
+ * to do), the staging buffer posted ahead, or the transport now. */
+static int recv_tensor(dg_pipe *p, int m, int i, dg_tensor *x, int ring, int early, size_t off) {
+  if (ring) return DG_OK;
+  if (!early)
+    return recv_wait(p, dg_tensor_data(x), (size_t)dg_tensor_numel(x), dg_tensor_dtype(x),
+                     p->s - 1, TAG_ACT, "receiving the activation", m);
+  int rc = wait_recv(p, &p->ahead.data[i], p->s - 1, "receiving the activation", m);
+  if (!rc)
+    memcpy(dg_tensor_data(x), (char *)p->ahead.buf + off,
+           (size_t)dg_tensor_numel(x) * dg_dtype_size(dg_tensor_dtype(x)));
+  return rc;
 }
 
 /* Header then data (posted ahead, or now for a step's first micro-batch);
@@ -565,6 +635,7 @@ static int recv_act(dg_pipe *p, int m) {
   dg_ctx *c = acquire(p, m);
   if (!c) return DG_ESTATE;
   pipe_ahead *a = &p->ahead;
+  pipe_mb *b = &p->mb[m];
   const int early = a->mb == m;
   int64_t *h = a->h; /* free when m was not posted ahead: nothing else is */
   int rc = early ? wait_recv(p, &a->hdr, p->s - 1, "receiving the activation header", m)
@@ -572,23 +643,22 @@ static int recv_act(dg_pipe *p, int m) {
                              "receiving the activation header", m);
   if (!rc) rc = check_header(p, m, h);
   if (rc) return rc;
-  const dg_dtype dt = (dg_dtype)h[1];
   const int ring = (int)h[SHP + 1];
-  dg_tensor *x = ring ? dg_wrap(c, dt, (int)h[0], h + 2, dg__pipe_link_slot(&p->prev, m))
-                      : dg_empty(c, dt, (int)h[0], h + 2);
-  if (!x) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
-  if (ring) {
-    a->mb = -1; /* read in place */
-  } else if (early) {
-    rc = wait_recv(p, &a->data, p->s - 1, "receiving the activation", m);
-    a->mb = -1;
-    if (!rc) memcpy(dg_tensor_data(x), a->buf, boundary_bytes(h));
-  } else {
-    rc = recv_wait(p, dg_tensor_data(x), (size_t)dg_tensor_numel(x), dt, p->s - 1, TAG_ACT,
-                   "receiving the activation", m);
+  size_t off[NT];
+  layout(h, 0, off);
+  b->nin = (int)h[0];
+  for (int i = 0; !rc && i < b->nin; i++) {
+    const int64_t *t = tdesc(h, i);
+    const dg_dtype dt = (dg_dtype)t[1];
+    dg_tensor *x = ring ? dg_wrap(c, dt, (int)t[0], t + 3,
+                                  (char *)dg__pipe_link_slot(&p->prev, m) + off[i])
+                        : dg_empty(c, dt, (int)t[0], t + 3);
+    if (!x) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
+    rc = recv_tensor(p, m, i, x, ring, early, off[i]);
+    if (t[2]) dg_tensor_set_requires_grad(x, 1);
+    b->in[i] = x;
   }
-  if (dt == DG_F32 && !p->eval) dg_tensor_set_requires_grad(x, 1);
-  p->mb[m].in = x;
+  a->mb = -1;
   if (!rc && m + 1 < p->M) rc = post_ahead(p, m + 1);
   return rc;
 }
@@ -603,10 +673,10 @@ static int their_slot(dg_pipe *p, dg__pipe_link *l, size_t *slot, const char *wh
   return rc;
 }
 
-/* Writes n bytes into the neighbour's ring slot m. */
-static int write_ring(dg_pipe *p, dg__pipe_link *l, int m, const void *src, size_t n,
+/* Writes n bytes at offset off of the neighbour's ring slot m. */
+static int write_ring(dg_pipe *p, dg__pipe_link *l, int m, size_t off, const void *src, size_t n,
                       const char *what) {
-  int e = dg__pipe_link_write(l, m, src, n);
+  int e = dg__pipe_link_write(l, m, off, src, n);
   if (e < 0)
     return FAIL(p, e == -ESRCH ? DG_EPEER : DG_ESYS, "pipe step %lld: stage %d: writing %s of "
                 "micro-batch %d into stage %d (pid %d): %s", (long long)p->step, p->s, what, m,
@@ -615,74 +685,111 @@ static int write_ring(dg_pipe *p, dg__pipe_link *l, int m, const void *src, size
   return DG_OK;
 }
 
-/* Posts m's gradient receive: into this rank's ring (a notice comes) or
- * into the context (the data comes). */
-static int post_grad_recv(dg_pipe *p, int m, const dg_tensor *y, size_t n) {
+/* Posts m's gradient receives, for the outputs marked grad in header h:
+ * into this rank's ring (a notice comes) or into the context (the data
+ * comes). */
+static int post_grad_recv(dg_pipe *p, int m, const int64_t *h) {
   pipe_mb *b = &p->mb[m];
   dg_ctx *c = p->pool[b->slot];
-  b->gring = fits(p->next.slot, n);
-  b->gout = b->gring ? dg_wrap(c, DG_F32, dg_tensor_ndim(y), dg_tensor_shape(y),
-                               dg__pipe_link_slot(&p->next, m))
-                     : dg_empty(c, DG_F32, dg_tensor_ndim(y), dg_tensor_shape(y));
-  if (!b->gout) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
-  if (b->gring)
-    return post_recv(p, &b->note, 1, DG_I64, p->s + 1, TAG_GRAD, &b->grecv,
-                     "receiving the gradient's notice", m);
-  return post_recv(p, dg_tensor_data(b->gout), (size_t)dg_tensor_numel(b->gout), DG_F32,
-                   p->s + 1, TAG_GRAD, &b->grecv, "receiving the gradient", m);
+  size_t off[NT];
+  b->gring = fits(p->next.slot, layout(h, 1, off));
+  int rc = DG_OK;
+  for (int i = 0; !rc && i < b->nout; i++) {
+    const int64_t *t = tdesc(h, i);
+    if (!t[2]) continue;
+    b->gout[i] = b->gring ? dg_wrap(c, DG_F32, (int)t[0], t + 3,
+                                    (char *)dg__pipe_link_slot(&p->next, m) + off[i])
+                          : dg_empty(c, DG_F32, (int)t[0], t + 3);
+    if (!b->gout[i]) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
+    if (!b->gring)
+      rc = post_recv(p, dg_tensor_data(b->gout[i]), (size_t)dg_tensor_numel(b->gout[i]), DG_F32,
+                     p->s + 1, TAG_GRAD, &b->grecv[i], "receiving the gradient", m);
+  }
+  if (!rc && b->gring)
+    rc = post_recv(p, &b->note, 1, DG_I64, p->s + 1, TAG_GRAD, &b->grecv[0],
+                   "receiving the gradient's notice", m);
+  return rc;
+}
+
+/* m's outputs described into header h; whether any carries a gradient. */
+static int describe(dg_pipe *p, int m, int64_t *h) {
+  pipe_mb *b = &p->mb[m];
+  int grads = 0;
+  memset(h, 0, HDR * sizeof *h);
+  h[0] = b->nout;
+  for (int i = 0; i < b->nout; i++) {
+    int64_t *t = h + 1 + (size_t)i * TSZ;
+    dg_tensor *y = b->out[i];
+    t[0] = dg_tensor_ndim(y), t[1] = dg_tensor_dtype(y);
+    /* with remat the forward ran without a tape: every f32 tensor */
+    t[2] = !p->eval && t[1] == DG_F32 && (p->remat || dg_tensor_requires_grad(y));
+    memcpy(t + 3, dg_tensor_shape(y), (size_t)t[0] * sizeof *t);
+    grads |= (int)t[2];
+  }
+  h[SHP] = p->step;
+  return grads;
 }
 
 static int send_act(dg_pipe *p, int m) {
-  dg_tensor *y = p->mb[m].out;
-  const size_t n = (size_t)dg_tensor_numel(y) * dg_dtype_size(dg_tensor_dtype(y));
+  pipe_mb *b = &p->mb[m];
   int64_t *h = p->hdr_out + (size_t)m * HDR;
-  memset(h, 0, HDR * sizeof *h);
-  h[0] = dg_tensor_ndim(y);
-  h[1] = dg_tensor_dtype(y);
-  memcpy(h + 2, dg_tensor_shape(y), (size_t)h[0] * sizeof *h);
-  h[SHP] = p->step;
-  if (m == 0) p->out_bytes = dg_tensor_dtype(y) == DG_F32 ? n : 0; /* the next step's ring */
+  const int grads = describe(p, m, h);
+  size_t off[NT], goff[NT];
+  const size_t n = layout(h, 0, off);
+  if (m == 0) p->out_bytes = layout(h, 1, goff); /* the next step's gradient ring */
   size_t slot = 0;
   int rc = their_slot(p, &p->next, &slot, "sending the activation", m);
-  if (!rc && (h[SHP + 1] = fits(slot, n)))
-    rc = write_ring(p, &p->next, m, dg_tensor_data(y), n, "the activation");
+  h[SHP + 1] = fits(slot, n);
+  for (int i = 0; !rc && h[SHP + 1] && i < b->nout; i++)
+    rc = write_ring(p, &p->next, m, off[i], dg_tensor_data(b->out[i]), tbytes(tdesc(h, i)),
+                    "the activation");
   if (!rc)
     rc = post_send(p, h, HDR, DG_I64, p->s + 1, TAG_ACT, "sending the activation header", m,
                    S_HDR);
-  if (!rc && !h[SHP + 1]) {
+  for (int i = 0; !rc && !h[SHP + 1] && i < b->nout; i++) {
+    dg_tensor *y = b->out[i];
     rc = post_send(p, dg_tensor_data(y), (size_t)dg_tensor_numel(y), dg_tensor_dtype(y),
-                   p->s + 1, TAG_ACT, "sending the activation", m, S_ACT);
-    p->st.bytes_transport += n;
+                   p->s + 1, TAG_ACT, "sending the activation", m, S_ACT + i);
+    p->st.bytes_transport += tbytes(tdesc(h, i));
   }
-  if (!rc && p->eval) p->mb[m].done = 1; /* nothing comes back */
-  if (!rc && !p->eval && dg_tensor_dtype(y) == DG_F32) /* the gradient's receive, now */
-    rc = post_grad_recv(p, m, y, n);
+  if (!rc && p->eval) b->done = 1; /* nothing comes back */
+  if (!rc && grads) rc = post_grad_recv(p, m, h); /* the gradients' receives, now */
   return rc;
 }
 
 /* ---- compute ---- */
 
-/* The stage on micro-batch m in c: its output, or on the last stage its
- * loss scaled by 1/M (counted into the step's loss when `count`). */
-static dg_tensor *run_stage(dg_pipe *p, const step_args *a, dg_ctx *c, int m, int count) {
-  seed_mb(p, c, m);
-  dg_tensor *y = dg_module_forward(p->stage, c, p->mb[m].in);
-  if (p->s < p->K - 1) return y ? dg_contiguous(c, y) : NULL;
-  dg_tensor *t = y ? dg_slice(c, a->targets, m * a->mb, (m + 1) * a->mb) : NULL;
-  dg_tensor *l = t ? a->loss_fn(a->user, c, y, t) : NULL;
-  if (l && dg_tensor_numel(l) != 1) {
-    dg__set_error(c, DG_ESHAPE, "the loss function returned %lld elements, want 1",
-                  (long long)dg_tensor_numel(l));
-    return NULL;
-  }
-  if (l && count) p->loss_sum += dg_tensor_item(l);
-  return l ? dg_scale(c, l, 1.0f / (float)p->M) : NULL; /* mean over micro-batches */
-}
-
 static int stage_failed(dg_pipe *p, dg_ctx *c, int m, const char *what) {
   return FAIL(p, dg_ctx_errcode(c) ? dg_ctx_errcode(c) : DG_EINVAL, "pipe step %lld: stage %d "
               "(layers %d-%d), %s of micro-batch %d: %s", (long long)p->step, p->s, p->first,
               p->last - 1, what, m, dg_ctx_errmsg(c));
+}
+
+/* The stage on micro-batch m in c: its outputs into ys (*ny), or on the
+ * last stage its loss scaled by 1/M into ys[0] (counted into the step's
+ * loss when `count`). Errors are c's. */
+static int run_stage(dg_pipe *p, const step_args *a, dg_ctx *c, int m, int count, dg_tensor **ys,
+                     int *ny) {
+  seed_mb(p, c, m);
+  int rc = dg_module_forward_n(p->stage, c, p->mb[m].in, p->mb[m].nin, ys, ny);
+  if (rc) return rc;
+  if (p->s < p->K - 1) {
+    for (int i = 0; i < *ny; i++)
+      if (!(ys[i] = dg_contiguous(c, ys[i]))) return dg_ctx_errcode(c);
+    return DG_OK;
+  }
+  if (*ny != 1)
+    return dg__set_error(c, DG_EINVAL, "the last stage returns %d tensors; the loss takes one",
+                         *ny);
+  dg_tensor *t = dg_slice(c, a->targets, m * a->mb, (m + 1) * a->mb);
+  dg_tensor *l = t ? a->loss_fn(a->user, c, ys[0], t) : NULL;
+  if (!l) return dg_ctx_errcode(c) ? dg_ctx_errcode(c) : DG_EINVAL;
+  if (dg_tensor_numel(l) != 1)
+    return dg__set_error(c, DG_ESHAPE, "the loss function returned %lld elements, want 1",
+                         (long long)dg_tensor_numel(l));
+  if (count) p->loss_sum += dg_tensor_item(l);
+  ys[0] = dg_scale(c, l, 1.0f / (float)p->M); /* mean over micro-batches */
+  return ys[0] ? DG_OK : dg_ctx_errcode(c);
 }
 
 /* A copy of t in c (what must outlive the scratch context). */
@@ -697,28 +804,36 @@ static int forward(dg_pipe *p, const step_args *a, int m) {
   dg_ctx *c = acquire(p, m);
   if (!c) return DG_ESTATE;
   pipe_mb *b = &p->mb[m];
-  if (p->s == 0) b->in = dg_slice(c, a->x, m * a->mb, (m + 1) * a->mb);
+  if (p->s == 0) {
+    b->in[0] = dg_slice(c, a->x, m * a->mb, (m + 1) * a->mb), b->nin = 1;
+    if (!b->in[0]) return stage_failed(p, c, m, "forward");
+  }
   if (!p->remat || p->eval) {
-    b->out = run_stage(p, a, c, m, 1);
-    if (!b->out) return stage_failed(p, c, m, "forward");
-  } else { /* no tape: keep the output only */
+    if (run_stage(p, a, c, m, 1, b->out, &b->nout)) return stage_failed(p, c, m, "forward");
+  } else { /* no tape: keep the outputs only */
+    dg_tensor *ys[NT];
+    int ny = 0;
     dg_ctx_set_grad_enabled(p->rctx, 0);
-    dg_tensor *y = run_stage(p, a, p->rctx, m, 1);
-    if (!y) return stage_failed(p, p->rctx, m, "forward");
-    b->out = p->s < p->K - 1 ? keep(c, y) : NULL;
+    if (run_stage(p, a, p->rctx, m, 1, ys, &ny)) return stage_failed(p, p->rctx, m, "forward");
+    b->nout = p->s < p->K - 1 ? ny : 0;
+    for (int i = 0; i < b->nout; i++)
+      if (!(b->out[i] = keep(c, ys[i]))) break;
     dg_ctx_reset(p->rctx);
-    if (p->s < p->K - 1 && !b->out)
-      return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
+    for (int i = 0; i < b->nout; i++)
+      if (!b->out[i]) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
   }
   if (p->eval && p->s == p->K - 1) b->done = 1;
   return DG_OK;
 }
 
-/* Waits for the receive send_act posted. */
+/* Waits for the receives send_act posted. */
 static int recv_grad(dg_pipe *p, int m) {
   pipe_mb *b = &p->mb[m];
-  if (!b->grecv) return DG_OK; /* an integer boundary: no gradient flows through it */
-  int rc = wait_recv(p, &b->grecv, p->s + 1, "receiving the gradient", m);
+  int rc = DG_OK;
+  for (int i = 0; !rc && i < NT; i++) /* none: no gradient flows through the boundary */
+    if (b->grecv[i])
+      rc = wait_recv(p, &b->grecv[i], p->s + 1, b->gring ? "receiving the gradient's notice" :
+                     "receiving the gradient", m);
   if (!rc && b->gring && b->note != p->step)
     rc = FAIL(p, DG_EPEER, "pipe step %lld: stage %d: the gradient of micro-batch %d from stage "
               "%d is of step %lld", (long long)p->step, p->s, m, p->s + 1, (long long)b->note);
@@ -727,58 +842,103 @@ static int recv_grad(dg_pipe *p, int m) {
 
 /* Re-materialization: the stage again, with a tape, in the scratch context;
  * the running statistics as the forward left them. */
-static dg_tensor *recompute(dg_pipe *p, const step_args *a, int m) {
+static int recompute(dg_pipe *p, const step_args *a, int m, dg_tensor **ys, int *ny) {
   size_t nb = 0;
   float *buf = dg_params_buffer_data(p->ps, &nb);
   if (nb) memcpy(p->bufsave, buf, nb * sizeof *buf);
   dg_ctx_set_grad_enabled(p->rctx, 1);
-  dg_tensor *y = run_stage(p, a, p->rctx, m, 0);
+  int rc = run_stage(p, a, p->rctx, m, 0, ys, ny);
   if (nb) memcpy(buf, p->bufsave, nb * sizeof *buf);
-  return y;
+  return rc;
 }
 
+/* Which of m's inputs t is (an output passed through unchanged), or -1. */
+static int input_of(const pipe_mb *b, const dg_tensor *t) {
+  for (int j = 0; j < b->nin; j++)
+    if (b->in[j] == t) return j;
+  return -1;
+}
+
+/* The gradients of m's inputs marked grad, to send back: what the
+ * backward left (zeros for an input it did not reach), plus the gradient
+ * of each output that is an input passed through (y, ny: the outputs). */
+static int input_grads(dg_pipe *p, int m, dg_ctx *c, dg_tensor *const *y, int ny) {
+  pipe_mb *b = &p->mb[m];
+  for (int i = 0; p->s > 0 && i < b->nin; i++) {
+    if (!dg_tensor_requires_grad(b->in[i])) continue;
+    dg_tensor *g = dg_tensor_grad(b->in[i]);
+    b->gin[i] = !g ? dg_zeros(c, DG_F32, dg_tensor_ndim(b->in[i]), dg_tensor_shape(b->in[i]))
+                   : p->remat ? keep(c, g) : g;
+    if (!b->gin[i]) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
+  }
+  for (int i = 0; i < ny && p->s < p->K - 1; i++) {
+    const int j = b->gout[i] ? input_of(b, y[i]) : -1;
+    if (j < 0 || !b->gin[j]) continue;
+    float *d = dg_tensor_data(b->gin[j]);
+    const float *g = dg_tensor_data(b->gout[i]);
+    for (int64_t k = 0, n = dg_tensor_numel(b->gin[j]); k < n; k++) d[k] += g[k];
+  }
+  return DG_OK;
+}
+
+/* Backward from the outputs a gradient came back for (the loss on the last
+ * stage); an output that is one of the stage's inputs takes no part (its
+ * gradient is added to the input's: with remat it is not of the context
+ * the backward runs in). */
 static int backward(dg_pipe *p, const step_args *a, int m) {
   pipe_mb *b = &p->mb[m];
   const int last = p->s == p->K - 1;
-  if (!last && !b->gout) { /* an integer boundary: nothing to differentiate */
-    if (p->s == 0) b->done = 1;
-    return DG_OK;
-  }
   dg_ctx *c = p->pool[b->slot], *bc = p->remat ? p->rctx : c;
-  dg_tensor *y = p->remat ? recompute(p, a, m) : b->out;
-  if (!y) return stage_failed(p, bc, m, "recomputation");
-  if (p->dpx) dg__pipe_dp_arm(p->dpx, m == p->M - 1); /* the step's last backward */
-  int rc = last ? dg_backward(bc, y) : dg_backward_with(bc, y, b->gout);
-  if (p->dpx) dg__pipe_dp_arm(p->dpx, 0);
-  if (rc) return stage_failed(p, bc, m, "backward");
-  if (p->s > 0 && dg_tensor_dtype(b->in) == DG_F32) {
-    dg_tensor *g = dg_tensor_grad(b->in);
-    if (!g) return FAIL(p, DG_ESTATE, "pipe step %lld: stage %d: micro-batch %d: the stage's "
-                        "input got no gradient", (long long)p->step, p->s, m);
-    b->gin = p->remat ? keep(c, g) : g;
-    if (!b->gin) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
+  dg_tensor *roots[NT], *grads[NT], *ys[NT], **y = p->remat ? ys : b->out;
+  int n = 0, ny = b->nout;
+  if (p->remat && recompute(p, a, m, ys, &ny)) return stage_failed(p, bc, m, "recomputation");
+  for (int i = 0; i < (last ? 1 : ny); i++)
+    if (last || (b->gout[i] && dg_tensor_requires_grad(y[i]) && input_of(b, y[i]) < 0))
+      roots[n] = y[i], grads[n++] = last ? NULL : b->gout[i];
+  if (n) {
+    if (p->dpx) dg__pipe_dp_arm(p->dpx, m == p->M - 1); /* the step's last backward */
+    int rc = dg_backward_multi(bc, n, roots, grads);
+    if (p->dpx) dg__pipe_dp_arm(p->dpx, 0);
+    if (rc) return stage_failed(p, bc, m, "backward");
   }
+  int rc = input_grads(p, m, c, y, ny);
   if (p->remat) dg_ctx_reset(p->rctx);
   if (p->s == 0) b->done = 1;
-  return DG_OK;
+  return rc;
 }
 
 static int send_grad(dg_pipe *p, int m) {
   pipe_mb *b = &p->mb[m];
   b->done = 1;
-  if (!b->gin) return DG_OK; /* an integer boundary */
-  const size_t n = (size_t)dg_tensor_numel(b->gin) * sizeof(float);
+  int64_t h[SHP];
+  size_t off[NT], n = 0;
+  h[0] = b->nin;
+  for (int i = 0; i < b->nin; i++) { /* the gradients' layout, as the sender computes it */
+    int64_t *t = h + 1 + (size_t)i * TSZ;
+    t[0] = dg_tensor_ndim(b->in[i]), t[1] = DG_F32, t[2] = b->gin[i] != NULL;
+    memcpy(t + 3, dg_tensor_shape(b->in[i]), (size_t)t[0] * sizeof *t);
+  }
+  n = layout(h, 1, off);
+  if (!n) return DG_OK; /* no gradient flows through the boundary */
   size_t slot = 0;
   int rc = their_slot(p, &p->prev, &slot, "sending the gradient", m);
   if (!rc && fits(slot, n)) {
-    rc = write_ring(p, &p->prev, m, dg_tensor_data(b->gin), n, "the gradient");
+    for (int i = 0; !rc && i < b->nin; i++)
+      if (b->gin[i])
+        rc = write_ring(p, &p->prev, m, off[i], dg_tensor_data(b->gin[i]),
+                        (size_t)dg_tensor_numel(b->gin[i]) * sizeof(float), "the gradient");
     b->note_out = p->step;
     return rc ? rc : post_send(p, &b->note_out, 1, DG_I64, p->s - 1, TAG_GRAD,
                                "sending the gradient's notice", m, S_GRAD);
   }
-  if (!rc) p->st.bytes_transport += n;
-  return rc ? rc : post_send(p, dg_tensor_data(b->gin), (size_t)dg_tensor_numel(b->gin), DG_F32,
-                             p->s - 1, TAG_GRAD, "sending the gradient", m, S_GRAD);
+  for (int i = 0; !rc && i < b->nin; i++) {
+    if (!b->gin[i]) continue;
+    const size_t k = (size_t)dg_tensor_numel(b->gin[i]);
+    p->st.bytes_transport += k * sizeof(float);
+    rc = post_send(p, dg_tensor_data(b->gin[i]), k, DG_F32, p->s - 1, TAG_GRAD,
+                   "sending the gradient", m, S_GRAD + i);
+  }
+  return rc;
 }
 
 static int run_action(dg_pipe *p, const step_args *a, const dg__pipe_action *act) {
@@ -813,8 +973,9 @@ static void trace_action(const dg_pipe *p, const dg__pipe_action *act, uint64_t 
  * this stage's message instead of at their timeout. */
 static int end_step(dg_pipe *p, int rc, int started) {
   if (rc && started) dg__pg_abort(p->pg, rc, p->errmsg);
-  dg_work_free(p->ahead.hdr), dg_work_free(p->ahead.data);
-  p->ahead.hdr = p->ahead.data = NULL, p->ahead.mb = -1;
+  dg_work_free(p->ahead.hdr);
+  p->ahead.hdr = NULL, p->ahead.mb = -1;
+  for (int i = 0; i < NT; i++) dg_work_free(p->ahead.data[i]), p->ahead.data[i] = NULL;
   for (int m = 0; m < p->M; m++) {
     int e = retire(p, m);
     if (e && !rc) rc = e;

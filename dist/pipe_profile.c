@@ -30,30 +30,45 @@ static int layer_bytes(dg_module *l, uint64_t seed, double *params, double *bufs
   return rc;
 }
 
-/* Seconds of layer l's forward and backward on x (best of REPS after a
+/* Bytes of the tensors xs, and of those a gradient flows back through. */
+static void tuple_bytes(dg_tensor *const *xs, int n, double *bytes, double *gbytes) {
+  *bytes = *gbytes = 0;
+  for (int i = 0; i < n; i++) {
+    double b = (double)dg_tensor_numel(xs[i]) * (double)dg_dtype_size(dg_tensor_dtype(xs[i]));
+    *bytes += b;
+    if (dg_tensor_dtype(xs[i]) == DG_F32) *gbytes += b;
+  }
+}
+
+/* Seconds of layer l's forward and backward on xs (best of REPS after a
  * warm-up) and the arena bytes its forward keeps for the backward. */
-static int time_layer(dg_module *l, dg_ctx *c, const dg_tensor *x, double *secs, double *act) {
+static int time_layer(dg_module *l, dg_ctx *c, dg_tensor *const *xs, int nx, double *secs,
+                      double *act) {
   *secs = INFINITY;
   for (int r = 0; r <= REPS; r++) {
     dg_ctx_reset(c);
-    dg_tensor *xi = dg_empty(c, dg_tensor_dtype(x), dg_tensor_ndim(x), dg_tensor_shape(x));
-    if (!xi) return dg_ctx_errcode(c);
-    memcpy(dg_tensor_data(xi), dg_tensor_data(x),
-           (size_t)dg_tensor_numel(x) * dg_dtype_size(dg_tensor_dtype(x)));
-    if (dg_tensor_dtype(x) == DG_F32) dg_tensor_set_requires_grad(xi, 1);
+    dg_tensor *xi[DG_MODULE_MAX_IO], *ys[DG_MODULE_MAX_IO], *roots[DG_MODULE_MAX_IO];
+    for (int i = 0; i < nx; i++) {
+      if (!(xi[i] = dg_empty(c, dg_tensor_dtype(xs[i]), dg_tensor_ndim(xs[i]),
+                             dg_tensor_shape(xs[i]))))
+        return dg_ctx_errcode(c);
+      memcpy(dg_tensor_data(xi[i]), dg_tensor_data(xs[i]),
+             (size_t)dg_tensor_numel(xs[i]) * dg_dtype_size(dg_tensor_dtype(xs[i])));
+      if (dg_tensor_dtype(xs[i]) == DG_F32) dg_tensor_set_requires_grad(xi[i], 1);
+    }
     const size_t used = dg_ctx_arena_used(c);
+    int ny = 0, nr = 0;
     double t0 = now_s();
-    dg_tensor *y = dg_module_forward(l, c, xi);
-    if (!y) return dg_ctx_errcode(c) ? dg_ctx_errcode(c) : DG_EINVAL;
+    int rc = dg_module_forward_n(l, c, xi, nx, ys, &ny);
+    if (rc) return rc;
     double tf = now_s() - t0;
     *act = (double)(dg_ctx_arena_used(c) - used);
+    for (int i = 0; i < ny; i++) /* ones into every output a gradient comes back for */
+      if (dg_tensor_requires_grad(ys[i])) roots[nr++] = ys[i];
     double tb = 0;
-    if (dg_tensor_requires_grad(y)) {
-      dg_tensor *g = dg_full(c, dg_tensor_ndim(y), dg_tensor_shape(y), 1.0f);
-      if (!g) return dg_ctx_errcode(c);
+    if (nr) {
       t0 = now_s();
-      int rc = dg_backward_with(c, y, g);
-      if (rc) return rc;
+      if ((rc = dg_backward_multi(c, nr, roots, NULL))) return rc;
       tb = now_s() - t0;
     }
     if (r > 0 && tf + tb < *secs) *secs = tf + tb;
@@ -63,9 +78,10 @@ static int time_layer(dg_module *l, dg_ctx *c, const dg_tensor *x, double *secs,
 
 /* Times this rank's layers (i % K == rank) with the model bound to tps;
  * the inputs come from a tapeless forward of the chain. ns and mem stay
- * zero for the other layers. */
+ * zero for the other layers; bytes[i] and gbytes[i]: what crosses a
+ * boundary after layer i, and its gradient. */
 static int measure(const dg__pipe_profile_args *a, dg_params *tps, int n, int64_t *ns,
-                   int64_t *mem, double *bytes, char *err, size_t cap) {
+                   int64_t *mem, double *bytes, double *gbytes, char *err, size_t cap) {
   const int K = dg_pg_size(a->pg), rank = dg_pg_rank(a->pg);
   const double inflight = a->kind == 1 ? (a->M < K ? a->M : K) : a->M;
   int rc = DG_OK;
@@ -83,12 +99,13 @@ static int measure(const dg__pipe_profile_args *a, dg_params *tps, int n, int64_
   rc = dg_ctx_new(&chain, NULL) || dg_ctx_new(&c, NULL) ? DG_ENOMEM : DG_OK;
   if (rc) dg__fail_msg(err, cap, rc, "pipe_new: balance by time: out of memory");
   if (!rc) dg_ctx_set_grad_enabled(chain, 0);
-  dg_tensor *x = a->sample;
+  dg_tensor *xs[DG_MODULE_MAX_IO] = {a->sample}, *ys[DG_MODULE_MAX_IO];
+  int nx = 1;
   for (int i = 0; !rc && i < n; i++) {
     dg_module *l = dg_sequential_get(a->seq, i);
     if (i % K == rank) {
       double secs = 0, act = 0;
-      rc = time_layer(l, c, x, &secs, &act);
+      rc = time_layer(l, c, xs, nx, &secs, &act);
       if (rc) {
         dg__fail_msg(err, cap, rc, "pipe_new: balance by time: rank %d timing layer %d (%s): "
                      "%s", rank, i, dg_module_type(l), dg_ctx_errmsg(c));
@@ -97,14 +114,14 @@ static int measure(const dg__pipe_profile_args *a, dg_params *tps, int n, int64_
       ns[i] = (int64_t)(secs * 1e9) + 1; /* never 0: an empty layer still costs a hop */
       mem[i] += (int64_t)(act * inflight);
     }
-    x = dg_module_forward(l, chain, x);
-    if (!x)
+    if (dg_module_forward_n(l, chain, xs, nx, ys, &nx)) {
       rc = dg__fail_msg(err, cap, dg_ctx_errcode(chain), "pipe_new: balance by time: layer %d "
                         "(%s) on the profile input: %s", i, dg_module_type(l),
                         dg_ctx_errmsg(chain));
-    else /* what crosses a boundary after layer i; negative: no gradient comes back */
-      bytes[i] = (double)dg_tensor_numel(x) * (double)dg_dtype_size(dg_tensor_dtype(x)) *
-                 (dg_tensor_dtype(x) == DG_F32 ? 1 : -1);
+      break;
+    }
+    memcpy(xs, ys, (size_t)nx * sizeof *xs);
+    tuple_bytes(xs, nx, &bytes[i], &gbytes[i]);
   }
   dg_ctx_free(c);
   dg_ctx_free(chain);
@@ -151,9 +168,10 @@ static int link_time(dg_pg *pg, unsigned char *buf, size_t b, double *secs) {
 /* cut[i] from the boundary sizes: latency + bytes / bandwidth of the
  * slowest measured link, once per direction a boundary is crossed. Every
  * rank gets the same values (the times are agreed on by MAX). */
-static int cut_costs(dg_pg *pg, const double *bytes, int n, double *cut, char *err, size_t cap) {
+static int cut_costs(dg_pg *pg, const double *bytes, const double *gbytes, int n, double *cut,
+                     char *err, size_t cap) {
   double big = 64;
-  for (int i = 0; i + 1 < n; i++) big = fmax(big, fabs(bytes[i]));
+  for (int i = 0; i + 1 < n; i++) big = fmax(big, bytes[i]);
   big = floor(fmin(big, 4.0 * 1024 * 1024) / 4) * 4; /* whole floats */
   unsigned char *buf = dg__calloc((size_t)big, 1);
   if (!buf) return dg__fail_msg(err, cap, DG_ENOMEM, "pipe_new: balance by time: out of memory");
@@ -169,7 +187,7 @@ static int cut_costs(dg_pg *pg, const double *bytes, int n, double *cut, char *e
   const double lat = 1e-9 * (double)ns[0];
   const double per_byte = big > 64 ? fmax(0, (1e-9 * (double)ns[1] - lat) / (big - 64)) : 0;
   for (int i = 0; i + 1 < n; i++)
-    cut[i] = (bytes[i] > 0 ? 2 : 1) * (lat + fabs(bytes[i]) * per_byte);
+    cut[i] = lat + bytes[i] * per_byte + (gbytes[i] > 0 ? lat + gbytes[i] * per_byte : 0);
   return DG_OK;
 }
 
@@ -177,11 +195,11 @@ int dg__pipe_profile(const dg__pipe_profile_args *a, double *cost, double *cut, 
                      char *err, size_t cap) {
   const int n = dg_sequential_len(a->seq), K = dg_pg_size(a->pg);
   int64_t *v = dg__calloc(2 * (size_t)n, sizeof *v);
-  double *mem = dg__calloc(2 * (size_t)n, sizeof *mem), *bytes = mem + n;
+  double *mem = dg__calloc(3 * (size_t)n, sizeof *mem), *bytes = mem + n, *gbytes = bytes + n;
   dg_params *tps = NULL;
   int rc = !v || !mem || dg_params_new(&tps) ? DG_ENOMEM : DG_OK;
   if (rc) dg__fail_msg(err, cap, rc, "pipe_new: balance by time: out of memory");
-  if (!rc) rc = measure(a, tps, n, v, v + n, bytes, err, cap);
+  if (!rc) rc = measure(a, tps, n, v, v + n, bytes, gbytes, err, cap);
   /* a failed rank still joins the sum, so that no rank waits for it */
   int64_t failed = rc != DG_OK;
   int e = dg_pg_allreduce_sync(a->pg, &failed, 1, DG_I64, DG_RED_SUM);
@@ -193,7 +211,7 @@ int dg__pipe_profile(const dg__pipe_profile_args *a, double *cost, double *cut, 
     rc = dg__fail_msg(err, cap, DG_EPEER, "pipe_new: balance by time: %lld rank(s) failed to "
                       "time their layers", (long long)failed);
   for (int i = 0; !rc && i < n; i++) cost[i] = 1e-9 * (double)v[i], mem[i] = (double)v[n + i];
-  if (!rc) rc = cut_costs(a->pg, bytes, n, cut, err, cap);
+  if (!rc) rc = cut_costs(a->pg, bytes, gbytes, n, cut, err, cap);
   double worst = 0;
   if (!rc)
     rc = dg__pipe_partition_cut(cost, cut, a->mem_cap > 0 ? mem : NULL, n, K, a->mem_cap,

@@ -45,8 +45,8 @@ int dg__pipe_link_theirs(dg__pipe_link *l, int64_t step, size_t *slot, char *err
   return DG_OK;
 }
 
-int dg__pipe_link_write(const dg__pipe_link *l, int m, const void *src, size_t n) {
-  return dg__cma_write(l->pid, l->theirs + (uint64_t)m * l->their_slot, src, n);
+int dg__pipe_link_write(const dg__pipe_link *l, int m, size_t off, const void *src, size_t n) {
+  return dg__cma_write(l->pid, l->theirs + (uint64_t)m * l->their_slot + off, src, n);
 }
 
 int dg__pipe_link_end(dg__pipe_link *l) {

@@ -39,8 +39,9 @@ int dg__pipe_link_begin(dg__pipe_link *l, dg_pg *pg, int M, size_t want, int64_t
  * slot it may be written with (0: through the transport). A code from the
  * wait, or DG_EPEER with `err` set when the descriptor is of another step. */
 int dg__pipe_link_theirs(dg__pipe_link *l, int64_t step, size_t *slot, char *err, size_t cap);
-/* Writes n bytes of src into the neighbour's slot m: 0 or -errno. */
-int dg__pipe_link_write(const dg__pipe_link *l, int m, const void *src, size_t n);
+/* Writes n bytes of src at byte off of the neighbour's slot m: 0 or
+ * -errno. */
+int dg__pipe_link_write(const dg__pipe_link *l, int m, size_t off, const void *src, size_t n);
 /* This rank's slot m (to read in place). */
 static inline void *dg__pipe_link_slot(const dg__pipe_link *l, int m) {
   return l->mine + (size_t)m * l->slot;

@@ -76,7 +76,7 @@ static dg_tensor *attn_residual(dg_module *m, dg_ctx *ctx, dg_tensor *x, dg_tens
 }
 
 /* children are bound and freed by dg_module_bind / dg_module_release */
-static const dg_module_vtable attn_vt = {"CausalSelfAttention", attn_fwd, NULL, NULL};
+static const dg_module_vtable attn_vt = {"CausalSelfAttention", attn_fwd, NULL, NULL, NULL};
 
 /* rc is the constructor's result; *c is read after it ran (argument
  * evaluation order is unspecified, so the child is passed by address). */
@@ -128,7 +128,7 @@ static dg_tensor *block_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   return dg_add(ctx, x, dg_dropout(ctx, dg_mlp_gelu(ctx, h, w1, b1, w2, b2), b->dropout));
 }
 
-static const dg_module_vtable block_vt = {"TransformerBlock", block_fwd, NULL, NULL};
+static const dg_module_vtable block_vt = {"TransformerBlock", block_fwd, NULL, NULL, NULL};
 
 int dg_nn_transformer_block(dg_module **out, int64_t dim, int heads, float dropout) {
   if (!out) return DG_EINVAL;

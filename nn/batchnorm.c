@@ -54,8 +54,8 @@ int dg__bn_new(dg_module **out, size_t size, const dg_module_vtable *vt, int64_t
   return DG_OK;
 }
 
-static const dg_module_vtable bn1d_vt = {"BatchNorm1d", dg__bn_forward, dg__bn_bind, NULL};
-static const dg_module_vtable bn2d_vt = {"BatchNorm2d", dg__bn_forward, dg__bn_bind, NULL};
+static const dg_module_vtable bn1d_vt = {"BatchNorm1d", dg__bn_forward, dg__bn_bind, NULL, NULL};
+static const dg_module_vtable bn2d_vt = {"BatchNorm2d", dg__bn_forward, dg__bn_bind, NULL, NULL};
 
 int dg_nn_batchnorm1d(dg_module **out, int64_t C, float eps, float momentum) {
   return dg__bn_new(out, sizeof(dg__bn_module), &bn1d_vt, C, eps, momentum, 2, 3,

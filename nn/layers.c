@@ -45,7 +45,7 @@ static int linear_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t
   return bind_affine(ps, prefix, seed, 2, ws, l->in, l->bias ? l->out : 0, &l->w, &l->b);
 }
 
-static const dg_module_vtable linear_vt = {"Linear", linear_fwd, linear_bind, NULL};
+static const dg_module_vtable linear_vt = {"Linear", linear_fwd, linear_bind, NULL, NULL};
 
 int dg__linear_weights(dg_module *m, dg_tensor **w, dg_tensor **b) {
   if (!m || m->vt != &linear_vt || !((linear_m *)m)->w) return 0;
@@ -90,7 +90,7 @@ static int conv_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t s
                      &c->w, &c->b);
 }
 
-static const dg_module_vtable conv_vt = {"Conv2d", conv_fwd, conv_bind, NULL};
+static const dg_module_vtable conv_vt = {"Conv2d", conv_fwd, conv_bind, NULL, NULL};
 
 int dg_nn_conv2d(dg_module **out, int64_t cin, int64_t cout, int k, int stride, int pad,
                  int bias) {
@@ -150,15 +150,15 @@ static dg_tensor *flatten_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   return dg_reshape(ctx, x, 2, sh);
 }
 
-static const dg_module_vtable pool_vt = {"MaxPool2d", pool_fwd, NULL, NULL};
-static const dg_module_vtable avgpool_vt = {"AvgPool2d", avgpool_fwd, NULL, NULL};
-static const dg_module_vtable gap_vt = {"GlobalAvgPool2d", gap_fwd, NULL, NULL};
-static const dg_module_vtable relu_vt = {"ReLU", relu_fwd, NULL, NULL};
-static const dg_module_vtable leaky_relu_vt = {"LeakyReLU", leaky_relu_fwd, NULL, NULL};
-static const dg_module_vtable gelu_vt = {"GELU", gelu_fwd, NULL, NULL};
-static const dg_module_vtable tanh_vt = {"Tanh", tanh_fwd, NULL, NULL};
-static const dg_module_vtable dropout_vt = {"Dropout", dropout_fwd, NULL, NULL};
-static const dg_module_vtable flatten_vt = {"Flatten", flatten_fwd, NULL, NULL};
+static const dg_module_vtable pool_vt = {"MaxPool2d", pool_fwd, NULL, NULL, NULL};
+static const dg_module_vtable avgpool_vt = {"AvgPool2d", avgpool_fwd, NULL, NULL, NULL};
+static const dg_module_vtable gap_vt = {"GlobalAvgPool2d", gap_fwd, NULL, NULL, NULL};
+static const dg_module_vtable relu_vt = {"ReLU", relu_fwd, NULL, NULL, NULL};
+static const dg_module_vtable leaky_relu_vt = {"LeakyReLU", leaky_relu_fwd, NULL, NULL, NULL};
+static const dg_module_vtable gelu_vt = {"GELU", gelu_fwd, NULL, NULL, NULL};
+static const dg_module_vtable tanh_vt = {"Tanh", tanh_fwd, NULL, NULL, NULL};
+static const dg_module_vtable dropout_vt = {"Dropout", dropout_fwd, NULL, NULL, NULL};
+static const dg_module_vtable flatten_vt = {"Flatten", flatten_fwd, NULL, NULL, NULL};
 
 static int simple_new(dg_module **out, const dg_module_vtable *vt, int k, int s, float p) {
   if (!out) return DG_EINVAL;
@@ -222,7 +222,7 @@ static int ln_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t see
   return DG_OK;
 }
 
-static const dg_module_vtable ln_vt = {"LayerNorm", ln_fwd, ln_bind, NULL};
+static const dg_module_vtable ln_vt = {"LayerNorm", ln_fwd, ln_bind, NULL, NULL};
 
 int dg_nn_layernorm(dg_module **out, int64_t dim, float eps) {
   if (!out) return DG_EINVAL;
@@ -261,7 +261,7 @@ static int emb_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t se
   return DG_OK;
 }
 
-static const dg_module_vtable emb_vt = {"Embedding", emb_fwd, emb_bind, NULL};
+static const dg_module_vtable emb_vt = {"Embedding", emb_fwd, emb_bind, NULL, NULL};
 
 int dg_nn_embedding(dg_module **out, int64_t vocab, int64_t dim) {
   if (!out) return DG_EINVAL;

@@ -89,24 +89,96 @@ static void name_error(dg_module *m, dg_ctx *ctx) {
   ctx->errmsg[np + nm] = 0;
 }
 
+/* A failed forward of m: names it once (the innermost module) and makes
+ * sure the ctx holds an error (code rc, DG_ESTATE if none, when a user's
+ * forward failed without saying why). */
+static void forward_failed(dg_module *m, dg_ctx *ctx, int had, int bad_input, int rc) {
+  if (had || t_named == ctx) return;
+  if (!ctx->err && bad_input)
+    dg__set_error(ctx, DG_EINVAL, "input x is NULL");
+  else if (!ctx->err && rc)
+    dg__set_error(ctx, rc, "forward failed (%s) and recorded no error", dg_strerror(rc));
+  else if (!ctx->err)
+    dg__set_error(ctx, DG_ESTATE, "forward returned NULL and recorded no error");
+  name_error(m, ctx);
+  t_named = ctx;
+}
+
+/* One tensor through a module that has only forward_n. */
+static dg_tensor *forward_one_of_n(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
+  dg_tensor *ys[DG_MODULE_MAX_IO];
+  int ny = 0;
+  int rc = m->vt->forward_n(m, ctx, &x, 1, ys, &ny);
+  if (rc && !ctx->err)
+    dg__set_error(ctx, rc, "forward failed (%s) and recorded no error", dg_strerror(rc));
+  if (rc) return NULL;
+  if (ny == 1 && ys[0]) return ys[0];
+  dg__set_error(ctx, DG_EINVAL, "forward returned %d tensors where one was wanted (call "
+                "dg_module_forward_n)", ny);
+  return NULL;
+}
+
 dg_tensor *dg_module_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   if (!ctx) return NULL;
-  if (!m || !m->vt || !m->vt->forward) {
+  if (!m || !m->vt || (!m->vt->forward && !m->vt->forward_n)) {
     dg__set_error(ctx, DG_EINVAL, "module forward: module is NULL or has no forward");
     return NULL;
   }
   int had = ctx->err;
   if (!had && t_named == ctx) t_named = NULL;
   uint64_t tr0 = dg__trace_t0();
-  dg_tensor *y = m->vt->forward(m, ctx, x);
+  dg_tensor *y = m->vt->forward ? m->vt->forward(m, ctx, x) : forward_one_of_n(m, ctx, x);
   DG__TRACE_END(tr0, "forward", m->path, NULL, 0, NULL, 0);
-  if (y || had || t_named == ctx) return y;
-  if (!ctx->err) /* a user forward that failed without saying why */
-    dg__set_error(ctx, x ? DG_ESTATE : DG_EINVAL, "%s",
-                  x ? "forward returned NULL and recorded no error" : "input x is NULL");
-  name_error(m, ctx);
-  t_named = ctx;
-  return NULL;
+  if (!y) forward_failed(m, ctx, had, !x, 0);
+  return y;
+}
+
+/* The tuple forward_n returned: 1..DG_MODULE_MAX_IO tensors, none NULL. */
+static int check_outputs(dg_ctx *ctx, int rc, dg_tensor **ys, int ny) {
+  if (rc) return ctx->err ? ctx->err : rc;
+  if (ny < 1 || ny > DG_MODULE_MAX_IO)
+    return dg__set_error(ctx, DG_EINVAL, "forward returned %d tensors (1 to %d allowed)", ny,
+                         DG_MODULE_MAX_IO);
+  for (int i = 0; i < ny; i++)
+    if (!ys[i])
+      return ctx->err ? ctx->err : dg__set_error(ctx, DG_ESTATE, "forward returned output %d "
+                                                 "NULL", i);
+  return DG_OK;
+}
+
+int dg_module_forward_n(dg_module *m, dg_ctx *ctx, dg_tensor *const *xs, int nx, dg_tensor **ys,
+                        int *ny) {
+  if (ny) *ny = 0;
+  if (!ctx) return DG_EINVAL;
+  if (!m || !m->vt || (!m->vt->forward && !m->vt->forward_n))
+    return dg__set_error(ctx, DG_EINVAL, "module forward: module is NULL or has no forward");
+  if (!ys || !ny || nx < 1 || nx > DG_MODULE_MAX_IO || !xs)
+    return dg__set_error(ctx, DG_EINVAL, "module forward: %d inputs (1 to %d), inputs %s, "
+                         "outputs %s", nx, DG_MODULE_MAX_IO, xs ? "given" : "NULL",
+                         ys && ny ? "given" : "NULL");
+  int had = ctx->err, bad = 0, urc = DG_OK;
+  if (!had && t_named == ctx) t_named = NULL;
+  for (int i = 0; i < nx; i++) bad |= !xs[i];
+  uint64_t tr0 = dg__trace_t0();
+  int rc;
+  if (m->vt->forward_n) {
+    urc = m->vt->forward_n(m, ctx, xs, nx, ys, ny); /* then *ny is read */
+    rc = check_outputs(ctx, urc, ys, *ny);
+  } else if (nx != 1) {
+    rc = dg__set_error(ctx, DG_EINVAL, "takes one tensor, got %d (a module of several inputs "
+                       "needs a forward_n)", nx);
+  } else {
+    ys[0] = m->vt->forward(m, ctx, xs[0]);
+    *ny = 1;
+    rc = ys[0] ? DG_OK : ctx->err ? ctx->err : DG_ESTATE;
+  }
+  DG__TRACE_END(tr0, "forward", m->path, NULL, 0, NULL, 0);
+  if (rc) {
+    forward_failed(m, ctx, had, bad, urc);
+    *ny = 0;
+    return ctx->err ? ctx->err : rc;
+  }
+  return DG_OK;
 }
 
 /* ---- bind, free, train mode: generic over children ---- */
@@ -217,14 +289,35 @@ int dg_module_add_child(dg_module *m, dg_module *child, const char *name) {
 
 /* ---- Sequential ---- */
 
-/* A NULL x still reaches the first child, whose error then names it. */
-static dg_tensor *seq_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
-  for (int i = 0; i < m->nchildren; i++)
-    if (!(x = dg_module_forward(m->children[i], ctx, x))) return NULL;
-  return x;
+/* The tuple through the children in turn; an empty Sequential passes it on. */
+static int seq_forward_n(dg_module *m, dg_ctx *ctx, dg_tensor *const *xs, int nx, dg_tensor **ys,
+                         int *ny) {
+  dg_tensor *cur[DG_MODULE_MAX_IO];
+  for (int i = 0; i < nx; i++) cur[i] = xs[i];
+  int n = nx;
+  for (int i = 0; i < m->nchildren; i++) {
+    int rc = dg_module_forward_n(m->children[i], ctx, cur, n, ys, &n);
+    if (rc) return rc;
+    memcpy(cur, ys, (size_t)n * sizeof *cur);
+  }
+  memcpy(ys, cur, (size_t)n * sizeof *ys);
+  *ny = n;
+  return DG_OK;
 }
 
-static const dg_module_vtable seq_vt = {"Sequential", seq_forward, NULL, NULL};
+/* One tensor in and out, through children that may pass several between
+ * them. A NULL x still reaches the first child, whose error then names it. */
+static dg_tensor *seq_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
+  dg_tensor *ys[DG_MODULE_MAX_IO];
+  int n = 0;
+  if (seq_forward_n(m, ctx, &x, 1, ys, &n)) return NULL;
+  if (n == 1) return ys[0];
+  dg__set_error(ctx, DG_EINVAL, "its last layer returns %d tensors where one was wanted (call "
+                "dg_module_forward_n)", n);
+  return NULL;
+}
+
+static const dg_module_vtable seq_vt = {"Sequential", seq_forward, NULL, NULL, seq_forward_n};
 
 int dg_nn_sequential(dg_module **out) {
   if (!out) return DG_EINVAL;

@@ -31,7 +31,7 @@ static dg_tensor *resblock_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   return dg_add(ctx, x, dg_module_forward(m->children[1], ctx, h));
 }
 
-static const dg_module_vtable resblock_vt = {"ResBlock", resblock_forward, NULL, NULL};
+static const dg_module_vtable resblock_vt = {"ResBlock", resblock_forward, NULL, NULL, NULL};
 
 static int resblock_new(dg_module **out, int channels) {
   dg_module *m = NULL, *conv = NULL;

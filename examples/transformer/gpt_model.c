@@ -153,7 +153,8 @@ static void embed_destroy(dg_module *mod) {
   free(e->pos);
 }
 
-static const dg_module_vtable embed_vt = {"GptEmbed", embed_forward, embed_bind, embed_destroy};
+static const dg_module_vtable embed_vt = {"GptEmbed", embed_forward, embed_bind, embed_destroy,
+                                          NULL};
 
 static int embed_new(dg_module **out, const gpt_config *cfg) {
   int rc = dg_module_new(out, sizeof(gpt_embed), &embed_vt);

@@ -21,6 +21,15 @@ extern "C" {
 DG_API int dg_backward(dg_ctx *ctx, dg_tensor *loss);
 /* Backpropagates with an explicit output gradient (same shape as out). */
 DG_API int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out);
+/* Backpropagates from n outputs at once, outs[k] seeded with grads[k] (its
+ * shape, f32; grads NULL: ones for every output), in one walk of the tape:
+ * the gradients are those of sum_k <outs[k], grads[k]>, and each
+ * parameter's grad-ready hook fires once. Every output must require grad
+ * (an error names the first that does not, nothing is written). A stage
+ * of a pipeline whose boundary carries several tensors runs its backward
+ * this way. */
+DG_API int dg_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
+                             dg_tensor *const *grads);
 
 /* Returns the previous setting. With grad mode off no tape is recorded. */
 DG_API int dg_ctx_set_grad_enabled(dg_ctx *ctx, int on);

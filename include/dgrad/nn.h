@@ -13,7 +13,11 @@
  * calls dg_module_forward on m->children[i]. Binding, train mode and freeing
  * walk the children for you; vt->bind and vt->destroy are only for what the
  * module itself holds (its own parameters, its own allocations).
- * examples/custom_module/resnet.c is a complete program.
+ * examples/custom_module/resnet.c is a complete program. A module whose
+ * input or output is several tensors (a skip connection carried past
+ * other layers, a mask beside the activations) gives the vtable a
+ * forward_n; a Sequential threads such tuples from layer to layer, and a
+ * pipeline (pipe.h) carries them across its stage boundaries.
  *
  * Binding (dg_module_bind(m, ps, prefix, seed)):
  *   - m's own parameters (vt->bind) come first, then each child in order,
@@ -60,7 +64,19 @@ typedef struct {
    * itself. dg_module_release frees the children after calling this (a
    * destroy that frees them itself must leave nchildren 0). NULL: nothing. */
   void (*destroy)(dg_module *m);
+  /* Optional: several tensors in and out, xs[0..nx) -> ys[0..*ny) with
+   * 1 <= *ny <= DG_MODULE_MAX_IO (ys has room for that many); DG_OK, or
+   * the code with the detail in ctx. For what travels beside the main
+   * activation: a skip connection, an attention mask, positions, a
+   * pipeline boundary of several tensors. A module may have both (forward
+   * for one tensor, forward_n for the rest) or only one; a Sequential
+   * passes tuples between its layers. NULL: one in, one out (forward). */
+  int (*forward_n)(dg_module *m, dg_ctx *ctx, dg_tensor *const *xs, int nx, dg_tensor **ys,
+                   int *ny);
 } dg_module_vtable;
+
+/* Most tensors a module takes or returns (dg_module_forward_n). */
+#define DG_MODULE_MAX_IO 8
 
 struct dg_module {
   const dg_module_vtable *vt;
@@ -88,6 +104,13 @@ DG_API int dg_module_add_child(dg_module *m, dg_module *child, const char *name)
  * bound: "Conv2d: ..."). The code is the failing op's.
  * A forward that returns NULL without recording an error gets one. */
 DG_API dg_tensor *dg_module_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x);
+/* Several tensors through m: xs[0..nx) -> ys[0..*ny) (ys: room for
+ * DG_MODULE_MAX_IO). vt->forward_n when m has one; else m takes one tensor
+ * (nx 1, or DG_EINVAL naming the module) and returns one. dg_module_forward
+ * on a module with only forward_n takes one tensor and wants one back.
+ * Errors name the innermost failing module, as dg_module_forward. */
+DG_API int dg_module_forward_n(dg_module *m, dg_ctx *ctx, dg_tensor *const *xs, int nx,
+                               dg_tensor **ys, int *ny);
 /* Registers and initialises every parameter of the tree (rules above). On
  * failure dg_params_errmsg(ps) names the parameter and why. */
 DG_API int dg_module_bind(dg_module *m, dg_params *ps, const char *prefix, uint64_t seed);

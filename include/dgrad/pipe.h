@@ -58,10 +58,16 @@
  * recomputation) saves leave memory and come back for its backward.
  * dg_pipe_contexts reaches the contexts (hooks, swap statistics).
  *
- * Boundaries carry one tensor per micro-batch, of any dtype (a gradient
- * flows back only through f32), with its shape and dtype in a header; the
- * shape must not change between the micro-batches of a step (an error
- * naming both shapes, not a hang). Between ranks on one host (a group whose
+ * Boundaries carry what the stage's last layer returns: one tensor, or up
+ * to DG_PIPE_MAX_TENSORS when the layers pass tuples (a module's
+ * forward_n, nn.h: a skip connection, ids or a mask beside the
+ * activations), of any dtype. A gradient flows back through each f32
+ * tensor that requires grad (with remat: each f32 tensor), zeros for one
+ * the next stages do not use. The first stage takes one tensor (x); the
+ * last stage's layers must end in one (the loss function's input). The
+ * tensors' shapes and dtypes travel in a header and must not change
+ * between the micro-batches of a step (DG_ESHAPE naming both boundaries,
+ * not a hang). Between ranks on one host (a group whose
  * ranks can attach each other's memory, as its allreduce does) a stage
  * writes each boundary straight into a ring of M slots its neighbour holds
  * and reads in place: one copy and a small notice instead of a socket's two
@@ -101,6 +107,9 @@ extern "C" {
 #endif
 
 typedef struct dg_pipe dg_pipe;
+
+/* Most tensors a boundary carries: what a module returns. */
+#define DG_PIPE_MAX_TENSORS DG_MODULE_MAX_IO
 
 typedef enum { DG_PIPE_GPIPE = 0, DG_PIPE_1F1B = 1 } dg_pipe_schedule;
 

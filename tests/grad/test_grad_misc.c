@@ -1,5 +1,6 @@
 /* dropout, causal mask, concat and split: finite-difference checks of
- * backward, forward values, reproducibility from the seed and error paths. */
+ * backward, forward values, reproducibility from the seed and error paths;
+ * backward from several outputs at once. */
 #include "gradcheck.h"
 #include "test.h"
 
@@ -237,7 +238,89 @@ static void concat_values(dg_ctx *ctx) {
   dg_ctx_clear_error(ctx);
 }
 
+/* ---- backward from several outputs at once ---- */
+
+/* Three outputs of one leaf, the third an intermediate of the other two:
+ * y1 = tanh(x)^2, y2 = 3 tanh(x), y3 = tanh(x). Into *f the scalar
+ * sum_k <y_k, g_k> (double), into ys the outputs. */
+static double multi_outputs(dg_ctx *c, dg_tensor *x, const float *g, dg_tensor **ys) {
+  dg_tensor *h = dg_tanh(c, x);
+  ys[0] = dg_mul(c, h, h), ys[1] = dg_scale(c, h, 3.0f), ys[2] = h;
+  double f = 0;
+  for (int k = 0; k < 3; k++) {
+    const float *y = dg_tensor_data(ys[k]);
+    for (int i = 0; i < 12; i++) f += (double)y[i] * g[k * 12 + i];
+  }
+  return f;
+}
+
+static void zero_grad(dg_tensor *x) {
+  dg_tensor *g = dg_tensor_grad(x);
+  if (g) memset(dg_tensor_data(g), 0, (size_t)dg_tensor_numel(g) * sizeof(float));
+}
+
+/* dg_backward_multi gives the gradient of sum_k <y_k, g_k>: against
+ * central differences, and against dg_backward of that scalar built from
+ * ops; misuse writes nothing. */
+static void backward_multi(void) {
+  dg_ctx *c = NULL;
+  dg_tensor *x = NULL;
+  REQUIRE(dg_ctx_new(&c, NULL) == DG_OK);
+  REQUIRE(dg_tensor_new(&x, DG_F32, 2, (int64_t[]){3, 4}, NULL, 0) == DG_OK);
+  float *xv = dg_tensor_data(x), g[36];
+  dg_rng_normal(3, 0, xv, 12);
+  dg_rng_normal(4, 0, g, 36);
+  dg_tensor_set_requires_grad(x, 1);
+  dg_tensor *ys[3], *gs[3];
+  multi_outputs(c, x, g, ys);
+  for (int k = 0; k < 3; k++) gs[k] = dg_wrap(c, DG_F32, 2, (int64_t[]){3, 4}, g + k * 12);
+  REQUIRE(dg_backward_multi(c, 3, ys, gs) == DG_OK);
+  float got[12];
+  memcpy(got, dg_tensor_data(dg_tensor_grad(x)), sizeof got);
+  dg_ctx_reset(c);
+  for (int i = 0; i < 12; i++) { /* central differences, grad mode off */
+    const float x0 = xv[i], e = 1e-2f;
+    dg_ctx_set_grad_enabled(c, 0);
+    xv[i] = x0 + e;
+    double fp = multi_outputs(c, x, g, ys);
+    xv[i] = x0 - e;
+    double fm = multi_outputs(c, x, g, ys);
+    xv[i] = x0;
+    dg_ctx_set_grad_enabled(c, 1);
+    dg_ctx_reset(c);
+    CHECK_NEAR(got[i], (fp - fm) / (2 * e), 2e-3 + 2e-3 * fabs((fp - fm) / (2 * e)));
+  }
+  zero_grad(x);
+  multi_outputs(c, x, g, ys); /* the same scalar from ops: one root */
+  dg_tensor *f = NULL;
+  for (int k = 0; k < 3; k++) {
+    dg_tensor *t = dg_sum(c, dg_mul(c, ys[k], dg_wrap(c, DG_F32, 2, (int64_t[]){3, 4},
+                                                      g + k * 12)));
+    f = f ? dg_add(c, f, t) : t;
+  }
+  REQUIRE(f && dg_backward(c, f) == DG_OK);
+  const float *want = dg_tensor_data(dg_tensor_grad(x));
+  for (int i = 0; i < 12; i++) CHECK_NEAR(got[i], want[i], 1e-5 * fabs(want[i]) + 1e-6);
+  dg_ctx_reset(c);
+  /* misuse: an output without grad, none at all; x's gradient untouched */
+  zero_grad(x);
+  multi_outputs(c, x, g, ys);
+  ys[1] = dg_full(c, 2, (int64_t[]){3, 4}, 1.0f);
+  CHECK_EQ_INT(dg_backward_multi(c, 3, ys, NULL), DG_EINVAL);
+  CHECK_STR_HAS(dg_ctx_errmsg(c), "output 1 does not require grad");
+  CHECK_EQ_INT(dg_backward_multi(c, 0, ys, NULL), DG_EINVAL);
+  CHECK_EQ_INT(dg_backward_multi(c, 2, NULL, NULL), DG_EINVAL);
+  gs[0] = dg_full(c, 2, (int64_t[]){4, 3}, 1.0f);
+  CHECK_EQ_INT(dg_backward_multi(c, 1, ys, gs), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(c), "grad_out (4, 3) does not match output (3, 4)");
+  const dg_tensor *gx = dg_tensor_grad(x);
+  for (int i = 0; gx && i < 12; i++) CHECK(((const float *)dg_tensor_data(gx))[i] == 0);
+  dg_tensor_free(x);
+  dg_ctx_free(c);
+}
+
 int main(void) {
+  backward_multi();
   grad_dropout();
   grad_mask();
   grad_concat();

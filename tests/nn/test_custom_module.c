@@ -19,7 +19,7 @@ static dg_tensor *res_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   return dg_add(ctx, x, dg_module_forward(m->children[1], ctx, h));
 }
 
-static const dg_module_vtable res_vt = {"ResBlock", res_fwd, NULL, NULL};
+static const dg_module_vtable res_vt = {"ResBlock", res_fwd, NULL, NULL, NULL};
 
 /* cout2 != c makes the residual add fail (for the error test). */
 static dg_module *resblock_new(int c, int cout2) {
@@ -194,7 +194,7 @@ static void gated_destroy(dg_module *m) {
   g_destroyed++;
 }
 
-static const dg_module_vtable gated_vt = {"Gated", gated_fwd, gated_bind, gated_destroy};
+static const dg_module_vtable gated_vt = {"Gated", gated_fwd, gated_bind, gated_destroy, NULL};
 
 static void test_own_params_and_destroy(void) {
   dg_module *m = NULL, *lin = NULL;
@@ -275,7 +275,110 @@ static void test_misuse(void) {
   dg_params_free(ps);
 }
 
+/* ---- tuples: modules of several inputs and outputs ---- */
+
+/* x -> (relu(x), x); with mode 1 returns nothing, mode 2 fails silently */
+typedef struct {
+  dg_module base;
+  int mode;
+} split2;
+
+static int split_fwd(dg_module *m, dg_ctx *c, dg_tensor *const *xs, int nx, dg_tensor **ys,
+                     int *ny) {
+  const int mode = ((split2 *)m)->mode;
+  if (mode == 2 || nx != 1) return DG_EINVAL;
+  ys[0] = dg_relu(c, xs[0]), ys[1] = xs[0];
+  *ny = mode == 1 ? 0 : 2;
+  return DG_OK;
+}
+
+/* (a, b) -> child(a) + b */
+static int merge_fwd(dg_module *m, dg_ctx *c, dg_tensor *const *xs, int nx, dg_tensor **ys,
+                     int *ny) {
+  if (nx != 2) return DG_EINVAL;
+  ys[0] = dg_add(c, dg_module_forward(m->children[0], c, xs[0]), xs[1]);
+  *ny = 1;
+  return ys[0] ? DG_OK : dg_ctx_errcode(c);
+}
+
+static const dg_module_vtable split_vt = {"Split", NULL, NULL, NULL, split_fwd};
+static const dg_module_vtable merge_vt = {"Merge", NULL, NULL, NULL, merge_fwd};
+
+static dg_module *split_new(int mode) {
+  dg_module *m = NULL;
+  REQUIRE(dg_module_new(&m, sizeof(split2), &split_vt) == DG_OK);
+  ((split2 *)m)->mode = mode;
+  return m;
+}
+
+/* A Sequential threads a tuple from layer to layer: Linear, Split,
+ * Merge(Linear) computes lin2(relu(h)) + h with h = lin1(x), the same as
+ * by hand, through dg_module_forward and dg_module_forward_n; errors name
+ * the module and say what was wrong. */
+static void test_tuples(void) {
+  dg_module *seq = NULL, *lin = NULL, *mg = NULL;
+  dg_params *ps = NULL;
+  dg_ctx *c = NULL;
+  REQUIRE(dg_params_new(&ps) == DG_OK && dg_ctx_new(&c, NULL) == DG_OK);
+  REQUIRE(dg_nn_sequential(&seq) == DG_OK);
+  REQUIRE(dg_nn_linear(&lin, 3, 4, 1) == DG_OK && !dg_sequential_add(seq, lin, "lin1"));
+  REQUIRE(!dg_sequential_add(seq, split_new(0), "split"));
+  REQUIRE(dg_module_new(&mg, sizeof(dg_module), &merge_vt) == DG_OK);
+  REQUIRE(dg_nn_linear(&lin, 4, 4, 1) == DG_OK && !dg_module_add_child(mg, lin, "lin2"));
+  REQUIRE(!dg_sequential_add(seq, mg, "merge"));
+  CHECK_OK(dg_module_bind(seq, ps, "", 3));
+  float xv[6] = {1, -2, 3, -4, 5, -6};
+  dg_tensor *x = dg_wrap(c, DG_F32, 2, (int64_t[]){2, 3}, xv);
+  dg_tensor *y = dg_module_forward(seq, c, x), *ys[DG_MODULE_MAX_IO];
+  int ny = -1;
+  CHECK_OK(dg_module_forward_n(seq, c, &x, 1, ys, &ny));
+  CHECK_EQ_INT(ny, 1);
+  dg_tensor *h = dg_module_forward(dg_sequential_get(seq, 0), c, x);
+  dg_tensor *want = dg_add(c, dg_module_forward(lin, c, dg_relu(c, h)), h);
+  REQUIRE(y && want && ny == 1);
+  CHECK(same_values(y, want) && same_values(ys[0], want));
+  /* the tuple from the first two layers */
+  dg_module *head = NULL;
+  REQUIRE(dg_sequential_split(seq, 2, &head) == DG_OK); /* seq: lin1, split; head: merge */
+  CHECK_OK(dg_module_forward_n(seq, c, &x, 1, ys, &ny));
+  CHECK_EQ_INT(ny, 2);
+  CHECK(same_values(ys[1], h));
+  CHECK(dg_module_forward(seq, c, x) == NULL); /* two tensors where one is wanted */
+  CHECK_EQ_INT(dg_ctx_errcode(c), DG_EINVAL);
+  CHECK_STR_HAS(dg_ctx_errmsg(c), "Sequential: its last layer returns 2 tensors where one was "
+                "wanted (call dg_module_forward_n)");
+  dg_ctx_clear_error(c);
+  CHECK_EQ_INT(dg_module_forward_n(lin, c, ys, 2, ys + 2, &ny), DG_EINVAL); /* one-tensor module */
+  CHECK_STR_HAS(dg_ctx_errmsg(c), "merge.lin2 (Linear): takes one tensor, got 2");
+  CHECK_EQ_INT(ny, 0);
+  dg_ctx_clear_error(c);
+  CHECK_EQ_INT(dg_module_forward_n(head, c, &x, 1, ys, &ny), DG_EINVAL); /* Merge wants 2 */
+  CHECK_STR_HAS(dg_ctx_errmsg(c), "merge (Merge): forward failed (");
+  CHECK_STR_HAS(dg_ctx_errmsg(c), ") and recorded no error");
+  dg_ctx_clear_error(c);
+  dg_module *bad = split_new(1);
+  CHECK_EQ_INT(dg_module_forward_n(bad, c, &x, 1, ys, &ny), DG_EINVAL);
+  CHECK_STR_HAS(dg_ctx_errmsg(c), "Split: forward returned 0 tensors (1 to 8 allowed)");
+  dg_ctx_clear_error(c);
+  CHECK_EQ_INT(dg_module_forward_n(bad, c, NULL, 1, ys, &ny), DG_EINVAL);
+  CHECK_EQ_INT(dg_module_forward_n(bad, c, &x, 9, ys, &ny), DG_EINVAL);
+  dg_ctx_clear_error(c);
+  ((split2 *)bad)->mode = 2;
+  CHECK(dg_module_forward(bad, c, x) == NULL); /* forward_n only, failing silently */
+  CHECK_STR_HAS(dg_ctx_errmsg(c), "Split: forward failed (");
+  dg_ctx_clear_error(c);
+  ((split2 *)bad)->mode = 0;
+  CHECK(dg_module_forward(bad, c, x) == NULL); /* forward_n only, two outputs */
+  CHECK_STR_HAS(dg_ctx_errmsg(c), "forward returned 2 tensors where one was wanted");
+  dg_module_free(bad);
+  dg_module_free(head);
+  dg_module_free(seq);
+  dg_params_free(ps);
+  dg_ctx_free(c);
+}
+
 int main(void) {
+  test_tuples();
   test_residual_trains();
   test_empty_prefix();
   test_filled_by_hand();

@@ -116,8 +116,8 @@ static dg_tensor *quiet_fwd(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   (void)m, (void)ctx, (void)x;
   return NULL;
 }
-static const dg_module_vtable badadd_vt = {"Residual", badadd_fwd, NULL, NULL};
-static const dg_module_vtable quiet_vt = {"Quiet", quiet_fwd, NULL, NULL};
+static const dg_module_vtable badadd_vt = {"Residual", badadd_fwd, NULL, NULL, NULL};
+static const dg_module_vtable quiet_vt = {"Quiet", quiet_fwd, NULL, NULL, NULL};
 
 static void test_user_module_errors(void) {
   dg_module *seq = NULL, *res = NULL, *lin = NULL, *quiet = NULL;

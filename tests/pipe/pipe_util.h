@@ -31,6 +31,25 @@ static inline double pu_now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* The largest relative difference, |a - b| / (|b| + 1e-3), between the
+ * gradients of the stage's parameters (ps) and those of the same names in
+ * the whole model's store (ref); a gradient never allocated counts as
+ * zeros. Each parameter must be in ref. */
+static inline double pu_grad_diff(dg_params *ps, dg_params *ref) {
+  double worst = 0;
+  for (int i = 0; i < dg_params_count(ps); i++) {
+    dg_tensor *a = dg_params_get(ps, i), *b = dg_params_find(ref, dg_tensor_name(a));
+    REQUIRE(b && dg_tensor_numel(a) == dg_tensor_numel(b));
+    const float *ga = dg_tensor_grad(a) ? dg_tensor_data(dg_tensor_grad(a)) : NULL;
+    const float *gb = dg_tensor_grad(b) ? dg_tensor_data(dg_tensor_grad(b)) : NULL;
+    for (int64_t j = 0; j < dg_tensor_numel(a); j++) {
+      const double x = ga ? ga[j] : 0, y = gb ? gb[j] : 0;
+      worst = fmax(worst, fabs(x - y) / (fabs(y) + 1e-3));
+    }
+  }
+  return worst;
+}
+
 /* A rank of a pipe test: its group (du_pg), an empty parameter store for
  * its stage and a context. */
 typedef struct {

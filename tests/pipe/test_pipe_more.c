@@ -179,14 +179,14 @@ static dg_tensor *pass_fwd(dg_module *m, dg_ctx *c, dg_tensor *x) {
   (void)m, (void)c;
   return x;
 }
-static const dg_module_vtable pass_vt = {"Pass", pass_fwd, NULL, NULL};
+static const dg_module_vtable pass_vt = {"Pass", pass_fwd, NULL, NULL, NULL};
 
 /* Mean over the sequence: (B, T, C) -> (B, C). */
 static dg_tensor *meanseq_fwd(dg_module *m, dg_ctx *c, dg_tensor *x) {
   (void)m;
   return dg_mean_dim(c, x, 1, 0);
 }
-static const dg_module_vtable meanseq_vt = {"MeanSeq", meanseq_fwd, NULL, NULL};
+static const dg_module_vtable meanseq_vt = {"MeanSeq", meanseq_fwd, NULL, NULL, NULL};
 
 static dg_module *token_model(void) {
   dg_module *seq, *l;
@@ -593,7 +593,7 @@ static dg_tensor *odd_fwd(dg_module *m, dg_ctx *c, dg_tensor *x) {
   if (odd_mode == 0) return dg_slice(c, x, 0, dg_tensor_dim(x, 0) - 1);
   return dg_concat(c, 2, (dg_tensor *const[]){x, x}, 0);
 }
-static const dg_module_vtable odd_vt = {"Odd", odd_fwd, NULL, NULL};
+static const dg_module_vtable odd_vt = {"Odd", odd_fwd, NULL, NULL, NULL};
 
 /* mode 2: the loss fails on the second micro-batch */
 static dg_tensor *bad_ce(void *user, dg_ctx *ctx, dg_tensor *out, dg_tensor *t) {
