@@ -214,6 +214,10 @@ def ddp_rows(quiet, loaded, load):
             row("same over UCX", "1 rank %.0f samples/s" % one,
                 "%.0f samples/s" % m.get("dgrad_2_ddp_ucx", NAN),
                 100 * quiet.get("dgrad_scaling_eff_ucx", NAN), "%", ">=", 90),
+            row("two independent 1-rank processes at once: share of 2x one (the ceiling "
+                "for scaling)", "1 rank %.0f samples/s" % one,
+                "%.0f samples/s" % m.get("dgrad_2_indep", NAN),
+                100 * quiet.get("indep_eff", NAN), "%"),
             row("DDP 2 ranks vs torch DDP (gloo)", "torch %.0f samples/s" % m.get("torch_2_ddp", NAN),
                 "%.0f samples/s" % m.get("dgrad_2_ddp", NAN), quiet.get("dgrad_over_torch_ddp", NAN),
                 target=3.5),

@@ -6,7 +6,8 @@ ratios as JSON lines ("summary": ...).
     /usr/bin/python3 bench/ddp/run_ddp.py [--build-dir build-ddp] [--runs 5]
         [--part scaling|sweep|overlap|all] [--steps 200]
 
-scaling: per round, dgrad 1 rank without DDP, dgrad DDP on 1 rank, dgrad DDP
+scaling: per round, dgrad 1 rank without DDP, two such processes at once
+         (independent: the machine's ceiling for 2 ranks), dgrad DDP on 1 rank, dgrad DDP
          on 2 ranks (1 thread each; also without the Join count, over UCX
          (DG_BACKEND=ucx) and without the shared-memory segment (DG_SHM=0:
          private gradients, CMA all-reduce)), torch 1 rank without DDP, torch DDP
@@ -76,6 +77,33 @@ def run(cmd, env=None):
     return rec
 
 
+def run_pair(cmd):
+    """Two copies of one single-rank run at once, each on its own: what two
+    processes get from this machine's 2 cores with nothing between them (the
+    ceiling of a 2-rank scaling efficiency). samples/s summed, step_ms the
+    mean."""
+    e = dict(os.environ)
+    e["OPENBLAS_NUM_THREADS"] = "1"
+    s0 = steal_s()
+    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+          for _ in range(2)]
+    recs = []
+    for p in ps:
+        out, err = p.communicate(timeout=600)
+        if p.returncode != 0:
+            sys.stderr.write("failed (%d): %s\n%s\n" % (p.returncode, " ".join(cmd), err[-2000:]))
+            return None
+        recs.append(json.loads([l for l in out.splitlines() if l.startswith("{")][-1]))
+    rec = dict(recs[0])
+    rec["label"] = "two independent processes"
+    rec["samples_per_s"] = sum(r["samples_per_s"] for r in recs)
+    rec["step_ms"] = sum(r["step_ms"] for r in recs) / 2
+    rec["load"] = LOAD["share"]
+    rec["steal_s"] = round(steal_s() - s0, 2)
+    print(json.dumps(rec), flush=True)
+    return rec
+
+
 def med(rows, key):
     vals = [r[key] for r in rows if r]
     return statistics.median(vals) if vals else float("nan")
@@ -106,6 +134,7 @@ def scaling(a, exe):
     cases = {
         "dgrad_1_noddp": [exe, "--ddp", "0"] + st,
         "dgrad_1_ddp": [exe, "--ddp", "1"] + st,
+        "dgrad_2_indep": ("pair", [exe, "--ddp", "0"] + st),
         "dgrad_2_ddp": [exe, "--nproc", "2"] + st,
         "dgrad_2_ddp_nojoin": [exe, "--nproc", "2", "--no-join"] + st,
         "dgrad_2_ddp_ucx": ([exe, "--nproc", "2"] + st, {"DG_BACKEND": "ucx"}),
@@ -123,11 +152,15 @@ def scaling(a, exe):
         for k, c in cases.items():
             if a.cases and k not in a.cases.split(","):
                 continue  # left out: its figures read nan
-            res[k].append(run(*c) if isinstance(c, tuple) else run(c))
+            if isinstance(c, tuple) and c[0] == "pair":
+                res[k].append(run_pair(c[1]))
+            else:
+                res[k].append(run(*c) if isinstance(c, tuple) else run(c))
     m = {k: med(v, "samples_per_s") for k, v in res.items()}
     ms = {k: med(v, "step_ms") for k, v in res.items()}
     summary({"part": "scaling", "runs": a.runs, "median_samples_per_s": m, "median_step_ms": ms,
              "dgrad_scaling_eff": m["dgrad_2_ddp"] / (2 * m["dgrad_1_noddp"]),
+             "indep_eff": m["dgrad_2_indep"] / (2 * m["dgrad_1_noddp"]),
              "dgrad_scaling_eff_nojoin": m["dgrad_2_ddp_nojoin"] / (2 * m["dgrad_1_noddp"]),
              "dgrad_scaling_eff_ucx": m["dgrad_2_ddp_ucx"] / (2 * m["dgrad_1_noddp"]),
              "dgrad_scaling_eff_noshm": m["dgrad_2_ddp_noshm"] / (2 * m["dgrad_1_noddp"]),

@@ -1,7 +1,8 @@
 /* Boundaries of several tensors (issue #13 item 3): a model whose layers
  * pass tuples (a skip connection carried across stages, integer ids, an
  * f32 tensor without grad, a tensor the later stages drop) trains in the
- * pipe exactly as on one process: the loss and every gradient, K = 2, 3, 4,
+ * pipe exactly as on one process: the loss and every gradient (and the
+ * eval loss), K = 2, 3, 4,
  * GPipe and 1F1B, with and without re-materialization, through the rings
  * and through the transport. A tensor of the tuple that changes shape
  * between micro-batches fails both stages naming it; a last stage that
@@ -154,6 +155,19 @@ static int rank_main(int r, int W, void *arg) {
     dg_params_zero_grad(k.ps), dg_params_zero_grad(ref);
     dg_ctx_reset(k.ctx);
   }
+  batch(2, x, y); /* eval: the tuples cross, no gradient comes back */
+  dg_tensor *xt = dg_wrap(k.ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+  dg_tensor *yt = dg_wrap(k.ctx, DG_I64, 1, (int64_t[]){B}, y);
+  float el = 0;
+  int seen = 0;
+  rc = dg_pipe_eval(pipe, xt, yt, ce, &seen, &el);
+  if (rc) fprintf(stderr, "rank %d: eval: %s\n", r, dg_pipe_errmsg(pipe));
+  CHECK_OK(rc);
+  CHECK_EQ_INT(seen, r == W - 1 ? c->M : 0);
+  dg_ctx_set_grad_enabled(k.ctx, 0);
+  dg_tensor *lr = dg_cross_entropy(k.ctx, dg_module_forward(whole, k.ctx, xt), yt);
+  REQUIRE(lr);
+  CHECK_NEAR(el, dg_tensor_item(lr), 1e-5 * fabs(dg_tensor_item(lr)) + 1e-7);
   dg_pipe_free(pipe);
   dg_module_free(whole);
   dg_params_free(ref);
