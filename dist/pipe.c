@@ -44,6 +44,7 @@ enum { S_HDR = 0, S_ACT = 1, S_GRAD = 1 + NT, NSENDS = 1 + 2 * NT };
 typedef struct {
   dg_tensor *in[NT], *out[NT], *gout[NT], *gin[NT]; /* gin: the gradients sent back */
   int nin, nout;
+  unsigned gmask;                   /* inputs the header marked grad: gradients owed back */
   int slot;                         /* pool context, -1: none */
   int done;                         /* every action ran; waits for its sends */
   dg_work *sends[NSENDS];
@@ -413,7 +414,7 @@ static int retire(dg_pipe *p, int m) {
     dg_ctx_reset(p->pool[b->slot]);
     p->owner[b->slot] = -1;
   }
-  b->slot = -1, b->done = 0, b->gring = 0, b->nin = b->nout = 0;
+  b->slot = -1, b->done = 0, b->gring = 0, b->nin = b->nout = 0, b->gmask = 0;
   memset(b->in, 0, sizeof b->in), memset(b->out, 0, sizeof b->out);
   memset(b->gout, 0, sizeof b->gout), memset(b->gin, 0, sizeof b->gin);
   return rc;
@@ -559,15 +560,24 @@ static int bad_boundary(dg_pipe *p, int m, const int64_t *h) {
  * both sides decide alike, from the slot the receiver announced. */
 static int fits(size_t slot, size_t n) { return slot > 0 && n <= slot; }
 
+/* A header from the peer, before anything is sized from it: counts, dtypes
+ * and flags in range, and every tensor's bytes, and their aligned total,
+ * without overflow and below 2^48 (so layout() and dg_wrap stay in range). */
 static int check_desc(const int64_t *h) {
   if (h[0] < 1 || h[0] > NT) return 0;
+  uint64_t total = 0;
+  const uint64_t most = (uint64_t)1 << 48;
   for (int i = 0; i < (int)h[0]; i++) {
     const int64_t *t = tdesc(h, i);
     if (t[0] < 1 || t[0] > DG_MAX_DIMS || t[1] < 0 || t[1] >= DG_NDTYPES || (t[2] & ~1) ||
         (t[2] && t[1] != DG_F32))
       return 0;
+    uint64_t n = dg_dtype_size((dg_dtype)t[1]);
     for (int d = 0; d < (int)t[0]; d++)
-      if (t[3 + d] < 0) return 0;
+      if (t[3 + d] < 0 || __builtin_mul_overflow(n, (uint64_t)t[3 + d], &n) || n > most)
+        return 0;
+    total += (n + ALIGN - 1) / ALIGN * ALIGN; /* each term < 2^48 + 64: no overflow */
+    if (total > most) return 0;
   }
   return 1;
 }
@@ -575,8 +585,9 @@ static int check_desc(const int64_t *h) {
 static int check_header(dg_pipe *p, int m, const int64_t *h) {
   if (!check_desc(h) || h[SHP] != p->step || (h[SHP + 1] & ~1))
     return FAIL(p, DG_EPEER, "pipe step %lld: stage %d: micro-batch %d: a malformed activation "
-                "header from stage %d (%lld tensors, step %lld)", (long long)p->step, p->s, m,
-                p->s - 1, (long long)h[0], (long long)h[SHP]);
+                "header from stage %d (%lld tensors, step %lld; a count, dtype, flag or size "
+                "out of range)", (long long)p->step, p->s, m, p->s - 1, (long long)h[0],
+                (long long)h[SHP]);
   size_t off[NT];
   const size_t n = layout(h, 0, off);
   if (m == 0) memcpy(p->shape0, h, sizeof p->shape0), p->in_bytes = n;
@@ -646,7 +657,7 @@ static int recv_act(dg_pipe *p, int m) {
   const int ring = (int)h[SHP + 1];
   size_t off[NT];
   layout(h, 0, off);
-  b->nin = (int)h[0];
+  b->nin = (int)h[0], b->gmask = 0;
   for (int i = 0; !rc && i < b->nin; i++) {
     const int64_t *t = tdesc(h, i);
     const dg_dtype dt = (dg_dtype)t[1];
@@ -655,7 +666,7 @@ static int recv_act(dg_pipe *p, int m) {
                         : dg_empty(c, dt, (int)t[0], t + 3);
     if (!x) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
     rc = recv_tensor(p, m, i, x, ring, early, off[i]);
-    if (t[2]) dg_tensor_set_requires_grad(x, 1);
+    if (t[2]) dg_tensor_set_requires_grad(x, 1), b->gmask |= 1u << i;
     b->in[i] = x;
   }
   a->mb = -1;
@@ -865,7 +876,7 @@ static int input_of(const pipe_mb *b, const dg_tensor *t) {
 static int input_grads(dg_pipe *p, int m, dg_ctx *c, dg_tensor *const *y, int ny) {
   pipe_mb *b = &p->mb[m];
   for (int i = 0; p->s > 0 && i < b->nin; i++) {
-    if (!dg_tensor_requires_grad(b->in[i])) continue;
+    if (!(b->gmask >> i & 1)) continue; /* what the sender waits for, whatever the layers did */
     dg_tensor *g = dg_tensor_grad(b->in[i]);
     b->gin[i] = !g ? dg_zeros(c, DG_F32, dg_tensor_ndim(b->in[i]), dg_tensor_shape(b->in[i]))
                    : p->remat ? keep(c, g) : g;
@@ -919,7 +930,7 @@ static int send_grad(dg_pipe *p, int m) {
     memcpy(t + 3, dg_tensor_shape(b->in[i]), (size_t)t[0] * sizeof *t);
   }
   n = layout(h, 1, off);
-  if (!n) return DG_OK; /* no gradient flows through the boundary */
+  if (!b->gmask) return DG_OK; /* no gradient flows through the boundary */
   size_t slot = 0;
   int rc = their_slot(p, &p->prev, &slot, "sending the gradient", m);
   if (!rc && fits(slot, n)) {

@@ -104,6 +104,19 @@ static void forward_failed(dg_module *m, dg_ctx *ctx, int had, int bad_input, in
   t_named = ctx;
 }
 
+/* The tuple forward_n returned: 1..DG_MODULE_MAX_IO tensors, none NULL. */
+static int check_outputs(dg_ctx *ctx, int rc, dg_tensor **ys, int ny) {
+  if (rc) return ctx->err ? ctx->err : rc;
+  if (ny < 1 || ny > DG_MODULE_MAX_IO)
+    return dg__set_error(ctx, DG_EINVAL, "forward returned %d tensors (1 to %d allowed)", ny,
+                         DG_MODULE_MAX_IO);
+  for (int i = 0; i < ny; i++)
+    if (!ys[i])
+      return ctx->err ? ctx->err : dg__set_error(ctx, DG_ESTATE, "forward returned output %d "
+                                                 "NULL", i);
+  return DG_OK;
+}
+
 /* One tensor through a module that has only forward_n. */
 static dg_tensor *forward_one_of_n(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   dg_tensor *ys[DG_MODULE_MAX_IO];
@@ -111,8 +124,8 @@ static dg_tensor *forward_one_of_n(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   int rc = m->vt->forward_n(m, ctx, &x, 1, ys, &ny);
   if (rc && !ctx->err)
     dg__set_error(ctx, rc, "forward failed (%s) and recorded no error", dg_strerror(rc));
-  if (rc) return NULL;
-  if (ny == 1 && ys[0]) return ys[0];
+  if (rc || check_outputs(ctx, rc, ys, ny)) return NULL;
+  if (ny == 1) return ys[0];
   dg__set_error(ctx, DG_EINVAL, "forward returned %d tensors where one was wanted (call "
                 "dg_module_forward_n)", ny);
   return NULL;
@@ -131,19 +144,6 @@ dg_tensor *dg_module_forward(dg_module *m, dg_ctx *ctx, dg_tensor *x) {
   DG__TRACE_END(tr0, "forward", m->path, NULL, 0, NULL, 0);
   if (!y) forward_failed(m, ctx, had, !x, 0);
   return y;
-}
-
-/* The tuple forward_n returned: 1..DG_MODULE_MAX_IO tensors, none NULL. */
-static int check_outputs(dg_ctx *ctx, int rc, dg_tensor **ys, int ny) {
-  if (rc) return ctx->err ? ctx->err : rc;
-  if (ny < 1 || ny > DG_MODULE_MAX_IO)
-    return dg__set_error(ctx, DG_EINVAL, "forward returned %d tensors (1 to %d allowed)", ny,
-                         DG_MODULE_MAX_IO);
-  for (int i = 0; i < ny; i++)
-    if (!ys[i])
-      return ctx->err ? ctx->err : dg__set_error(ctx, DG_ESTATE, "forward returned output %d "
-                                                 "NULL", i);
-  return DG_OK;
 }
 
 int dg_module_forward_n(dg_module *m, dg_ctx *ctx, dg_tensor *const *xs, int nx, dg_tensor **ys,

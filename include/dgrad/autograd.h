@@ -25,9 +25,9 @@ DG_API int dg_backward_with(dg_ctx *ctx, dg_tensor *out, dg_tensor *grad_out);
  * shape, f32; grads NULL: ones for every output), in one walk of the tape:
  * the gradients are those of sum_k <outs[k], grads[k]>, and each
  * parameter's grad-ready hook fires once. Every output must require grad
- * (an error names the first that does not, nothing is written). A stage
- * of a pipeline whose boundary carries several tensors runs its backward
- * this way. */
+ * (an error names the first that does not); all are checked before any
+ * gradient is written. A stage of a pipeline whose boundary carries
+ * several tensors runs its backward this way. */
 DG_API int dg_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
                              dg_tensor *const *grads);
 

@@ -68,9 +68,11 @@ typedef struct {
    * 1 <= *ny <= DG_MODULE_MAX_IO (ys has room for that many); DG_OK, or
    * the code with the detail in ctx. For what travels beside the main
    * activation: a skip connection, an attention mask, positions, a
-   * pipeline boundary of several tensors. A module may have both (forward
-   * for one tensor, forward_n for the rest) or only one; a Sequential
-   * passes tuples between its layers. NULL: one in, one out (forward). */
+   * pipeline boundary of several tensors. When present it serves every
+   * dg_module_forward_n call, one tensor in included (a Sequential calls
+   * its layers that way), and forward serves dg_module_forward; a module
+   * with only forward_n also serves dg_module_forward through it. NULL:
+   * one in, one out (forward). */
   int (*forward_n)(dg_module *m, dg_ctx *ctx, dg_tensor *const *xs, int nx, dg_tensor **ys,
                    int *ny);
 } dg_module_vtable;

@@ -8,7 +8,10 @@
  * between micro-batches fails both stages naming it; a last stage that
  * returns two tensors is refused naming the loss. A stage between an f32
  * boundary and an integer one sends its input a zero gradient (K = 3).
- * Balance by time times tuple layers (K = 2).
+ * Balance by time times tuple layers (K = 2). A layer that asks for an
+ * input's gradient on its own does not change what crosses back; a step of
+ * 0 rows sends its empty gradients; a forged header whose sizes overflow is
+ * refused (K = 2).
  *   test_pipe_tuple W */
 #define B 24
 #define IN 8
@@ -51,10 +54,13 @@ static int body_fwd(dg_module *m, dg_ctx *c, dg_tensor *const *xs, int nx, dg_te
   return ys[0] ? DG_OK : dg_ctx_errcode(c);
 }
 
-/* (h, skip, ids, w, extra) -> h * w + skip + emb(ids): extra is dropped */
+/* (h, skip, ids, w, extra) -> h * w + skip + emb(ids): extra is dropped.
+ * It asks for w's gradient, which no stage sends back: the pipe must owe
+ * back only what the boundary's header marked. */
 static int join_fwd(dg_module *m, dg_ctx *c, dg_tensor *const *xs, int nx, dg_tensor **ys,
                     int *ny) {
   if (nx != 5) return DG_EINVAL;
+  dg_tensor_set_requires_grad(xs[3], 1);
   dg_tensor *e = dg_module_forward(m->children[0], c, xs[2]);
   ys[0] = dg_add(c, dg_add(c, dg_mul(c, xs[0], xs[3]), xs[1]), e);
   *ny = 1;
@@ -308,6 +314,84 @@ static int profile_rank(int r, int W, void *arg) {
   return dg_test_failures ? 1 : 0;
 }
 
+/* The tuple model's pipe over k's group, M micro-batches, the split of
+ * balance(W). */
+static dg_pipe *tuple_pipe(pu_rank *k, int W, int M) {
+  dg_pipe *pipe = NULL;
+  char err[512];
+  dg_pipe_opts po = dg_pipe_defaults();
+  po.micro_batches = M;
+  po.balance = balance(W);
+  int rc = dg_pipe_new(&pipe, k->pg, model(0, 0), k->ps, 5, &po, err, sizeof err);
+  if (rc) fprintf(stderr, "%s\n", err);
+  REQUIRE(rc == DG_OK);
+  return pipe;
+}
+
+/* A step of 0 rows: every gradient of the boundary is empty, and still
+ * owed (a stage that sent nothing left its neighbour waiting out the
+ * group's timeout). */
+static int empty_rank(int r, int W, void *arg) {
+  (void)arg;
+  pu_rank k;
+  if (pu_open(&k, r, W)) return 2;
+  dg_pipe *pipe = tuple_pipe(&k, W, 2);
+  float x[IN];
+  int64_t y[1];
+  dg_tensor *xt = dg_wrap(k.ctx, DG_F32, 2, (int64_t[]){0, IN}, x);
+  dg_tensor *yt = dg_wrap(k.ctx, DG_I64, 1, (int64_t[]){0}, y);
+  const double t0 = pu_now();
+  int rc = dg_pipe_step(pipe, xt, yt, ce, NULL, NULL);
+  if (rc) fprintf(stderr, "rank %d: %s\n", r, dg_pipe_errmsg(pipe));
+  CHECK_OK(rc);
+  CHECK(pu_now() - t0 < 10);
+  dg_pipe_free(pipe);
+  pu_close(&k, W, rc == DG_OK);
+  return dg_test_failures ? 1 : 0;
+}
+
+/* Stage 0 forges step 1's activation header: four i32 tensors of 2^62
+ * bytes each, marked as written into the ring (their total wraps to 0 in
+ * 64 bits, which fits any ring). Stage 1 refuses it as malformed before
+ * sizing anything from it. The header's layout and tag are the pipe's
+ * own (dist/pipe.c), copied here on purpose. */
+#define F_NT 8
+#define F_TSZ (3 + DG_MAX_DIMS)
+#define F_SHP (1 + F_NT * F_TSZ)
+static int forged_rank(int r, int W, void *arg) {
+  (void)arg;
+  pu_rank k;
+  if (pu_open(&k, r, W)) return 2;
+  dg_pipe *pipe = tuple_pipe(&k, W, 1);
+  float x[B * IN];
+  int64_t y[B];
+  batch(0, x, y);
+  dg_tensor *xt = dg_wrap(k.ctx, DG_F32, 2, (int64_t[]){B, IN}, x);
+  dg_tensor *yt = dg_wrap(k.ctx, DG_I64, 1, (int64_t[]){B}, y);
+  REQUIRE(dg_pipe_step(pipe, xt, yt, ce, NULL, NULL) == DG_OK); /* sizes the rings */
+  if (r == 0) {
+    static int64_t h[F_SHP + 2];
+    h[0] = 4;
+    for (int i = 0; i < 4; i++) {
+      int64_t *t = h + 1 + i * F_TSZ;
+      t[0] = 1, t[1] = DG_I32, t[2] = 0, t[3] = (int64_t)1 << 60; /* 2^62 bytes */
+    }
+    h[F_SHP] = 1, h[F_SHP + 1] = 1;
+    dg_work *w = NULL;
+    CHECK_OK(dg_pg_send(k.pg, h, F_SHP + 2, DG_I64, 1, 0x70690001u, &w));
+    CHECK_OK(dg_work_wait(w, 0));
+    dg_work_free(w);
+    CHECK(dg_pg_barrier_sync(k.pg) != DG_OK); /* until stage 1 failed the group */
+  } else {
+    int rc = dg_pipe_step(pipe, xt, yt, ce, NULL, NULL);
+    CHECK_EQ_INT(rc, DG_EPEER);
+    CHECK_STR_HAS(dg_pipe_errmsg(pipe), "a malformed activation header from stage 0");
+  }
+  dg_pipe_free(pipe);
+  pu_close(&k, W, 0);
+  return dg_test_failures ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   int W = argc > 1 ? atoi(argv[1]) : 2;
   REQUIRE(balance(W));
@@ -326,6 +410,8 @@ int main(int argc, char **argv) {
   if (W == 2)
     for (int tail = 0; tail < 2; tail++) CHECK_EQ_INT(du_run(2, misuse_rank, &tail, 60, NULL), 0);
   if (W == 2) CHECK_EQ_INT(du_run(2, profile_rank, NULL, 60, NULL), 0);
+  if (W == 2) CHECK_EQ_INT(du_run(2, empty_rank, NULL, 60, NULL), 0);
+  if (W == 2) CHECK_EQ_INT(du_run(2, forged_rank, NULL, 60, NULL), 0);
   if (W == 3) CHECK_EQ_INT(du_run(3, int_rank, NULL, 60, NULL), 0);
   return TEST_DONE();
 }
