@@ -634,9 +634,8 @@ static int recv_tensor(dg_pipe *p, int m, int i, dg_tensor *x, int ring, int ear
     return recv_wait(p, dg_tensor_data(x), (size_t)dg_tensor_numel(x), dg_tensor_dtype(x),
                      p->s - 1, TAG_ACT, "receiving the activation", m);
   int rc = wait_recv(p, &p->ahead.data[i], p->s - 1, "receiving the activation", m);
-  if (!rc)
-    memcpy(dg_tensor_data(x), (char *)p->ahead.buf + off,
-           (size_t)dg_tensor_numel(x) * dg_dtype_size(dg_tensor_dtype(x)));
+  const size_t n = (size_t)dg_tensor_numel(x) * dg_dtype_size(dg_tensor_dtype(x));
+  if (!rc && n) memcpy(dg_tensor_data(x), (char *)p->ahead.buf + off, n); /* 0: buf may be NULL */
   return rc;
 }
 
@@ -806,8 +805,8 @@ static int run_stage(dg_pipe *p, const step_args *a, dg_ctx *c, int m, int count
 /* A copy of t in c (what must outlive the scratch context). */
 static dg_tensor *keep(dg_ctx *c, const dg_tensor *t) {
   dg_tensor *k = dg_empty(c, dg_tensor_dtype(t), dg_tensor_ndim(t), dg_tensor_shape(t));
-  if (k) memcpy(dg_tensor_data(k), dg_tensor_data(t),
-                (size_t)dg_tensor_numel(t) * dg_dtype_size(dg_tensor_dtype(t)));
+  const size_t n = (size_t)dg_tensor_numel(t) * dg_dtype_size(dg_tensor_dtype(t));
+  if (k && n) memcpy(dg_tensor_data(k), dg_tensor_data(t), n);
   return k;
 }
 
