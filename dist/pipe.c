@@ -44,7 +44,6 @@ enum { S_HDR = 0, S_ACT = 1, S_GRAD = 1 + NT, NSENDS = 1 + 2 * NT };
 typedef struct {
   dg_tensor *in[NT], *out[NT], *gout[NT], *gin[NT]; /* gin: the gradients sent back */
   int nin, nout;
-  unsigned gmask;                   /* inputs the header marked grad: gradients owed back */
   int slot;                         /* pool context, -1: none */
   int done;                         /* every action ran; waits for its sends */
   dg_work *sends[NSENDS];
@@ -414,7 +413,7 @@ static int retire(dg_pipe *p, int m) {
     dg_ctx_reset(p->pool[b->slot]);
     p->owner[b->slot] = -1;
   }
-  b->slot = -1, b->done = 0, b->gring = 0, b->nin = b->nout = 0, b->gmask = 0;
+  b->slot = -1, b->done = 0, b->gring = 0, b->nin = b->nout = 0;
   memset(b->in, 0, sizeof b->in), memset(b->out, 0, sizeof b->out);
   memset(b->gout, 0, sizeof b->gout), memset(b->gin, 0, sizeof b->gin);
   return rc;
@@ -656,7 +655,7 @@ static int recv_act(dg_pipe *p, int m) {
   const int ring = (int)h[SHP + 1];
   size_t off[NT];
   layout(h, 0, off);
-  b->nin = (int)h[0], b->gmask = 0;
+  b->nin = (int)h[0];
   for (int i = 0; !rc && i < b->nin; i++) {
     const int64_t *t = tdesc(h, i);
     const dg_dtype dt = (dg_dtype)t[1];
@@ -665,7 +664,7 @@ static int recv_act(dg_pipe *p, int m) {
                         : dg_empty(c, dt, (int)t[0], t + 3);
     if (!x) return FAIL(p, DG_ENOMEM, "pipe: stage %d: %s", p->s, dg_ctx_errmsg(c));
     rc = recv_tensor(p, m, i, x, ring, early, off[i]);
-    if (t[2]) dg_tensor_set_requires_grad(x, 1), b->gmask |= 1u << i;
+    if (t[2]) dg_tensor_set_requires_grad(x, 1);
     b->in[i] = x;
   }
   a->mb = -1;
@@ -875,7 +874,7 @@ static int input_of(const pipe_mb *b, const dg_tensor *t) {
 static int input_grads(dg_pipe *p, int m, dg_ctx *c, dg_tensor *const *y, int ny) {
   pipe_mb *b = &p->mb[m];
   for (int i = 0; p->s > 0 && i < b->nin; i++) {
-    if (!(b->gmask >> i & 1)) continue; /* what the sender waits for, whatever the layers did */
+    if (!tdesc(p->shape0, i)[2]) continue; /* what the sender waits for, whatever the layers did */
     dg_tensor *g = dg_tensor_grad(b->in[i]);
     b->gin[i] = !g ? dg_zeros(c, DG_F32, dg_tensor_ndim(b->in[i]), dg_tensor_shape(b->in[i]))
                    : p->remat ? keep(c, g) : g;
@@ -920,16 +919,11 @@ static int backward(dg_pipe *p, const step_args *a, int m) {
 static int send_grad(dg_pipe *p, int m) {
   pipe_mb *b = &p->mb[m];
   b->done = 1;
-  int64_t h[SHP];
-  size_t off[NT], n = 0;
-  h[0] = b->nin;
-  for (int i = 0; i < b->nin; i++) { /* the gradients' layout, as the sender computes it */
-    int64_t *t = h + 1 + (size_t)i * TSZ;
-    t[0] = dg_tensor_ndim(b->in[i]), t[1] = DG_F32, t[2] = b->gin[i] != NULL;
-    memcpy(t + 3, dg_tensor_shape(b->in[i]), (size_t)t[0] * sizeof *t);
-  }
-  n = layout(h, 1, off);
-  if (!b->gmask) return DG_OK; /* no gradient flows through the boundary */
+  size_t off[NT]; /* the gradients' layout from the step's boundary, as the sender's */
+  const size_t n = layout(p->shape0, 1, off);
+  int owed = 0;
+  for (int i = 0; i < b->nin; i++) owed |= b->gin[i] != NULL; /* input_grads: those marked */
+  if (!owed) return DG_OK; /* no gradient flows through the boundary */
   size_t slot = 0;
   int rc = their_slot(p, &p->prev, &slot, "sending the gradient", m);
   if (!rc && fits(slot, n)) {
