@@ -655,7 +655,10 @@ int main(void) {
   CHECK_EQ_INT(du_run(2, balance_rank, NULL, 60, NULL), 0);
   for (int kind = 0; kind < 4; kind++) /* both schedules, with and without remat */
     CHECK_EQ_INT(du_run(4, dpxpp_rank, &kind, 60, NULL), 0);
-  CHECK_EQ_INT(du_run(4, dp_fail_rank, NULL, 60, NULL), 0);
+  /* three times: rank 1 blamed the messenger (rank 0) about once in ten
+   * runs under TSan before the transport read a peer's notice first */
+  for (int i = 0; i < 3 && !dg_test_failures; i++)
+    CHECK_EQ_INT(du_run(4, dp_fail_rank, NULL, 60, NULL), 0);
   CHECK_EQ_INT(du_run(4, kill_middle_rank, NULL, 60, NULL), 0);
   for (int mode = 0; mode < 3; mode++) CHECK_EQ_INT(du_run(2, boundary_rank, &mode, 60, NULL), 0);
   return TEST_DONE();

@@ -219,8 +219,24 @@ static void set_epout(dg_tcp_xport *x, dg_tcp_pair *p, int on) {
   p->epout = on;
 }
 
+static void do_read(dg_tcp_xport *x, dg_tcp_pair *p);
+
+/* A send to p failed (lock held). A peer that failed first said why
+ * (DG_TCP_ABORT, naming the rank to blame) before it closed; its close reset
+ * the connection, but the kernel keeps what was received before the reset.
+ * Read that first, so that the rank named is the one that failed and not
+ * the messenger (a pipe stage sending to a neighbour that had just been
+ * told of a third rank's failure blamed the neighbour). */
+static void send_failed(dg_tcp_xport *x, dg_tcp_pair *p, int err) {
+  p->wfail = 1; /* flush() from do_read() must not come back here */
+  for (int i = 0; i < 64 && p->fd >= 0 && !x->err; i++) do_read(x, p);
+  p->wfail = 0;
+  xfail(x, DG_EPEER, p->peer, "rank %d (%s): send failed: %s", p->peer, p->addr, strerror(err));
+}
+
 /* Writes as much of the queue as the socket takes (lock held). */
 static void flush(dg_tcp_xport *x, dg_tcp_pair *p) {
+  if (p->wfail) return;
   while (p->out && p->fd >= 0) {
     struct iovec iov[32];
     int n = 0;
@@ -236,7 +252,7 @@ static void flush(dg_tcp_xport *x, dg_tcp_pair *p) {
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (w < 0) {
-      xfail(x, DG_EPEER, p->peer, "rank %d (%s): send failed: %s", p->peer, p->addr, strerror(errno));
+      send_failed(x, p, errno);
       return;
     }
     size_t left = (size_t)w;

@@ -56,6 +56,7 @@ enum { DG_PAIR_OK = 0, DG_PAIR_BYE = 1, DG_PAIR_CLOSED = 2 };
 
 typedef struct {
   int peer, fd, state, epout;
+  int wfail; /* a send failed: reading what the peer said before it closed */
   int dgrad; /* the peer runs dgrad: ABORT may go both ways, even in a mixed group */
   char addr[64];
   /* receive state: a header being read, or a payload into rop */
