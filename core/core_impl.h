@@ -336,6 +336,8 @@ int64_t dg__shape_numel(int ndim, const int64_t *shape, size_t es);
 int dg__shape_error(int ndim, const int64_t *shape, dg_dtype dt, char *msg, size_t cap);
 /* Contiguous f32 data of x: x->data itself, or a packed arena copy. */
 const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x);
+/* A packed copy of x, of x's dtype, where x lives (an arena tensor of ctx). */
+dg_tensor *dg__contig_copy(dg_ctx *ctx, const char *op, dg_tensor *x);
 /* Indices of i32/i64 tensor t (any strides) as a contiguous int64 copy on
  * the op's device, each checked to lie in [0, limit): otherwise NULL and
  * "op: <what> V <where> K is outside [0, limit)" (what: "index", "target";

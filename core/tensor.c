@@ -165,6 +165,15 @@ const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x) {
   return c->data;
 }
 
+dg_tensor *dg__contig_copy(dg_ctx *ctx, const char *op, dg_tensor *x) {
+  const int keep = ctx->op_device;
+  ctx->op_device = x->device;
+  dg_tensor *c = dg__new(ctx, op, x->dtype, x->ndim, x->shape);
+  ctx->op_device = keep;
+  if (c) copy_elems(c, x);
+  return c;
+}
+
 int64_t *dg__index_data(dg_ctx *ctx, const char *op, const char *what, const char *where,
                         dg_tensor *t, int64_t limit) {
   int64_t n = dg__numel(t);

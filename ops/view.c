@@ -40,7 +40,7 @@ static int record1(dg_ctx *ctx, const char *op, dg_backward_fn fn, dg_tensor *y,
 dg_tensor *dg_contiguous(dg_ctx *ctx, dg_tensor *x) {
   if (!view_begin(ctx, "contiguous", x)) return NULL;
   if (dg__is_contig(x)) return x;
-  if (!dg__check_f32(ctx, "contiguous", "x", x)) return NULL;
+  if (x->dtype != DG_F32) return dg__contig_copy(ctx, "contiguous", x); /* no grad to record */
   const float *d = dg__contig_data(ctx, "contiguous", x);
   if (!d) return NULL;
   /* dg__contig_data allocated a fresh arena tensor; wrap it */

@@ -20,7 +20,8 @@ DG_API dg_tensor *dg_reshape(dg_ctx *ctx, dg_tensor *x, int ndim, const int64_t 
 DG_API dg_tensor *dg_slice(dg_ctx *ctx, dg_tensor *x, int64_t start, int64_t end);
 DG_API dg_tensor *dg_transpose(dg_ctx *ctx, dg_tensor *x, int d0, int d1);
 DG_API dg_tensor *dg_permute(dg_ctx *ctx, dg_tensor *x, const int *perm);
-DG_API dg_tensor *dg_contiguous(dg_ctx *ctx, dg_tensor *x); /* x itself when already contiguous */
+/* x itself when already contiguous, else a packed copy (any dtype) */
+DG_API dg_tensor *dg_contiguous(dg_ctx *ctx, dg_tensor *x);
 
 /* ---- matmul ---- */
 /* (M,K) @ (K,N) -> (M,N); batched (B,M,K) @ (B,K,N) or (B,M,K) @ (K,N);

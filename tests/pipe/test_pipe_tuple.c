@@ -21,7 +21,7 @@
 
 /* ---- tuple modules, as a user writes them ---- */
 
-/* x (b, HID) -> (tanh(x), x, argmax(x) (b,) i64, 0.5 (b, 1) f32 without
+/* x (b, HID) -> (tanh(x), x, argmax(x) as a strided (1, b) i64 view, 0.5 (b, 1) f32 without
  * grad, 2x); with `grow` set, the ids of the second call on a process are
  * (b, 2): a shape that changes between micro-batches. */
 typedef struct {
@@ -38,6 +38,11 @@ static int fork_fwd(dg_module *m, dg_ctx *c, dg_tensor *const *xs, int nx, dg_te
   ys[0] = dg_tanh(c, x);
   ys[1] = x;
   ys[2] = dg_argmax(c, x, 1, f->grow && f->calls++ == 1);
+  if (ys[2] && dg_tensor_ndim(ys[2]) == 1) { /* as a strided (1, b) view: [ids; ids]^T row 0 */
+    dg_tensor *r = dg_reshape(c, dg_to_dtype(c, ys[2], DG_F32), 2, (int64_t[]){b, 1});
+    dg_tensor *two = dg_to_dtype(c, dg_concat(c, 2, (dg_tensor *const[]){r, r}, 1), DG_I64);
+    ys[2] = dg_slice(c, dg_transpose(c, two, 0, 1), 0, 1);
+  }
   ys[3] = dg_full(c, 2, (int64_t[]){b, 1}, 0.5f);
   ys[4] = dg_scale(c, x, 2.0f);
   *ny = 5;
@@ -61,7 +66,10 @@ static int join_fwd(dg_module *m, dg_ctx *c, dg_tensor *const *xs, int nx, dg_te
                     int *ny) {
   if (nx != 5) return DG_EINVAL;
   dg_tensor_set_requires_grad(xs[3], 1);
-  dg_tensor *e = dg_module_forward(m->children[0], c, xs[2]);
+  dg_tensor *ids = dg_tensor_ndim(xs[2]) == 2 && dg_tensor_dim(xs[2], 0) == 1
+                      ? dg_reshape(c, xs[2], 1, (int64_t[]){dg_tensor_dim(xs[2], 1)})
+                      : xs[2];
+  dg_tensor *e = dg_module_forward(m->children[0], c, ids);
   ys[0] = dg_add(c, dg_add(c, dg_mul(c, xs[0], xs[3]), xs[1]), e);
   *ny = 1;
   return ys[0] ? DG_OK : dg_ctx_errcode(c);
@@ -211,7 +219,7 @@ static int misuse_rank(int r, int W, void *arg) {
     CHECK_EQ_INT(rc, DG_ESHAPE);
     CHECK_STR_HAS(e, "micro-batch 1 arrives as [f32 (12, 16) grad, f32 (12, 16) grad, "
                   "i64 (12, 1), f32 (12, 1), f32 (12, 16) grad]");
-    CHECK_STR_HAS(e, "micro-batch 0 as [f32 (12, 16) grad, f32 (12, 16) grad, i64 (12), ");
+    CHECK_STR_HAS(e, "micro-batch 0 as [f32 (12, 16) grad, f32 (12, 16) grad, i64 (1, 12), ");
   } else {
     CHECK_STR_HAS(e, "stage 1"); /* the failure came from it */
   }

@@ -145,6 +145,18 @@ static void test_arena_and_views(void) {
   dg_tensor *rs = dg_reshape(ctx, x, 2, r);
   REQUIRE(rs);
   CHECK_EQ_INT(dg_tensor_dim(rs, 0), 4);
+  /* contiguous packs a strided view of any dtype (a pipe stage's i64 ids) */
+  const dg_dtype dts[3] = {DG_I64, DG_I32, DG_BF16};
+  for (int d = 0; d < 3; d++) {
+    dg_tensor *xi = dg_to_dtype(ctx, x, dts[d]);
+    dg_tensor *ti = xi ? dg_transpose(ctx, xi, 1, 2) : NULL; /* (2, 4, 3) */
+    dg_tensor *ci = ti ? dg_contiguous(ctx, ti) : NULL;
+    REQUIRE(ci);
+    CHECK(dg_tensor_is_contiguous(ci) && dg_tensor_dtype(ci) == dts[d]);
+    CHECK(dg_tensor_data(ci) != dg_tensor_data(xi));
+    for (int i = 0; i < 24; i++) /* ci[a, b, c] = x[a, c, b] */
+      CHECK_NEAR(dg_tensor_get(ci, i), (float)(i / 12 * 12 + i % 3 * 4 + i % 12 / 3), 0);
+  }
   dg_tensor *h = dg_to_dtype(ctx, x, DG_BF16);
   REQUIRE(h);
   CHECK_NEAR(dg_tensor_get(h, 23), 23, 0);
