@@ -103,6 +103,7 @@ static int build(pipe_state *s, const gpt_pipe_opts *o, char *err, size_t cap) {
   po.schedule = o->one_f_one_b ? DG_PIPE_1F1B : DG_PIPE_GPIPE;
   po.remat = o->remat;
   po.dp_group = s->dp_pg;
+  po.swap = o->swap;
   static int64_t sample[4096];
   int64_t mb = o->batch / s->R / o->micro, shape[2] = {mb, o->context};
   if (o->balance_time && mb * o->context <= 4096) { /* token ids 0: any valid input times the same */
@@ -218,7 +219,19 @@ static void report(pipe_state *s, const gpt_pipe_opts *o) {
     printf("rank %d: the replicas' all-reduce in %d buckets, %d of them overlapped with the last "
            "backward, %.2f ms waited after it\n", s->rank, st.dp_buckets, st.dp_buckets_early,
            1e3 * st.dp_wait_seconds);
-  (void)o;
+  if (!o->swap) return;
+  dg_ctx *ctxs[16];
+  int n = 0, on = 0;
+  double out = 0, in = 0, wait = 0;
+  if (dg_pipe_contexts(s->pipe, ctxs, 16, &n) != DG_OK) return;
+  for (int i = 0; i < n; i++) {
+    dg_swap_stats sw;
+    if (dg_ctx_swap_stats(ctxs[i], &sw) != DG_OK) continue; /* a context without a tape */
+    out += (double)sw.bytes_out, in += (double)sw.bytes_in, wait += sw.backward_wait_s, on++;
+  }
+  printf("rank %d: swap (%s): %.1f MiB out / %.1f MiB in over %d contexts; backward waited "
+         "%.3f s\n", s->rank, o->swap_name ? o->swap_name : "on", out / 1048576.0,
+         in / 1048576.0, on, wait);
 }
 
 int gpt_pipe_run(const gpt_pipe_opts *o) {

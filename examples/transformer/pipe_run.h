@@ -3,6 +3,8 @@
 #ifndef DG_EXAMPLE_PIPE_RUN_H
 #define DG_EXAMPLE_PIPE_RUN_H
 
+#include <dgrad.h>
+
 typedef struct {
   const char *text;
   long steps, batch, eval_every, eval_batches, log_every, warmup;
@@ -15,6 +17,8 @@ typedef struct {
   int one_f_one_b;  /* 1F1B, else GPipe */
   int remat;        /* recompute each stage in backward */
   int balance_time; /* split by measured time, else evenly by layers */
+  const dg_swap_opts *swap; /* activation swapping on each stage, or NULL */
+  const char *swap_name;    /* how --swap named it, for the report */
 } gpt_pipe_opts;
 
 /* Trains and prints as the single-process path does (rank 0 prints); the

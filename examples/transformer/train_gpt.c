@@ -5,8 +5,14 @@
  *               [--sample-len N] [--temperature X] [--optim adamw|lamb]
  *               [--layers L] [--heads H] [--dim C] [--context T] [--tie]
  *               [--warmup N] [--weight-decay X] [--clip X] [--log-every N]
- *               [--swap file|bf16|file+bf16 [--swap-dir DIR] [--swap-lookahead N]]
+ *               [--pipe K [--micro-batches M] [--schedule gpipe|1f1b] [--remat]
+ *                [--balance even|time]]
+ *               [--swap file|bf16|file+bf16 [--swap-dir DIR] [--swap-lookahead N]
+ *                [--swap-min-bytes N]]
  *               [--trace FILE]
+ *
+ * --swap works with --pipe too: each stage swaps the activations its
+ * micro-batches save (dg_pipe_opts.swap) and reports what moved.
  *
  * --trace FILE (or $DG_TRACE, which dgrun --trace sets per rank) writes this
  * rank's timeline as Chrome trace JSON at the end (docs/guide-trace.md).
@@ -47,7 +53,7 @@ typedef struct {
   long pipe, micro;                     /* --pipe K: pipeline of K stages */
   int one_f_one_b, remat, balance_time; /* its schedule, re-materialization, balance */
   const char *swap, *swap_dir;          /* --swap: activation swapping (swap.h) */
-  long swap_lookahead;
+  long swap_lookahead, swap_min_bytes; /* -1: the library's default */
   const char *trace; /* --trace FILE */
 } opts;
 
@@ -60,14 +66,15 @@ static void usage(const char *argv0) {
           "          [--clip X] [--log-every N]\n"
           "          [--pipe K [--micro-batches M] [--schedule gpipe|1f1b] [--remat]\n"
           "           [--balance even|time]]  (under dgrun: K stages x world/K replicas)\n"
-          "          [--swap file|bf16|file+bf16 [--swap-dir DIR] [--swap-lookahead N]]\n"
+          "          [--swap file|bf16|file+bf16 [--swap-dir DIR] [--swap-lookahead N]\n"
+          "           [--swap-min-bytes N]]  (also with --pipe: on every stage)\n"
           "          [--trace FILE]\n",
           argv0);
 }
 
 static int parse(int argc, char **argv, opts *o) {
   *o = (opts){NULL, 2000, 16, 1, 100, 16, 400, 10, 100, 4, 4, 128, 64, 0, 0,
-              2e-3, 0.01, 1.0, 0.8, 1337, 0, 0, 0, 0, 0, NULL, NULL, 2, NULL};
+              2e-3, 0.01, 1.0, 0.8, 1337, 0, 0, 0, 0, 0, NULL, NULL, 2, -1, NULL};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     long *lp = NULL;
@@ -101,6 +108,7 @@ static int parse(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--swap-dir")) o->swap_dir = v;
     else if (!strcmp(a, "--trace")) o->trace = v;
     else if (!strcmp(a, "--swap-lookahead")) lp = &o->swap_lookahead;
+    else if (!strcmp(a, "--swap-min-bytes")) lp = &o->swap_min_bytes;
     else if (!strcmp(a, "--micro-batches")) lp = &o->micro;
     else if (!strcmp(a, "--steps")) lp = &o->steps;
     else if (!strcmp(a, "--batch")) lp = &o->batch;
@@ -327,19 +335,23 @@ static float train_step(run_state *r, const opts *o, float lr) {
 
 /* --swap: saved activations leave memory during forward and come back,
  * prefetched, for backward (include/dgrad/swap.h). */
+static int swap_opts(const opts *o, dg_swap_opts *so) {
+  dg_swap_opts_init(so);
+  so->target = !strcmp(o->swap, "file") ? DG_SWAP_FILE
+               : !strcmp(o->swap, "bf16") ? DG_SWAP_BF16
+               : !strcmp(o->swap, "file+bf16") ? DG_SWAP_FILE | DG_SWAP_BF16 : 0;
+  so->dir = o->swap_dir;
+  so->lookahead = (int)o->swap_lookahead;
+  if (o->swap_min_bytes >= 0) so->min_bytes = (size_t)o->swap_min_bytes;
+  if (so->target) return DG_OK;
+  fprintf(stderr, "transformer: --swap must be file, bf16 or file+bf16, not %s "
+                  "(host needs the CUDA backend)\n", o->swap);
+  return DG_EINVAL;
+}
+
 static int swap_setup(dg_ctx *ctx, const opts *o) {
   dg_swap_opts so;
-  dg_swap_opts_init(&so);
-  so.target = !strcmp(o->swap, "file") ? DG_SWAP_FILE
-              : !strcmp(o->swap, "bf16") ? DG_SWAP_BF16
-              : !strcmp(o->swap, "file+bf16") ? DG_SWAP_FILE | DG_SWAP_BF16 : 0;
-  so.dir = o->swap_dir;
-  so.lookahead = (int)o->swap_lookahead;
-  if (!so.target) {
-    fprintf(stderr, "transformer: --swap must be file, bf16 or file+bf16, not %s "
-                    "(host needs the CUDA backend)\n", o->swap);
-    return DG_EINVAL;
-  }
+  if (swap_opts(o, &so)) return DG_EINVAL;
   int rc = dg_ctx_set_swap(ctx, &so);
   if (rc) fprintf(stderr, "transformer: --swap: %s\n", dg_ctx_errmsg(ctx));
   return rc;
@@ -367,7 +379,13 @@ static int pipe_main(const opts *o) {
                       o->log_every, o->warmup, o->layers, o->heads, o->dim, o->context,
                       o->lamb, o->lr, o->wd, o->clip, o->seed, (int)o->pipe,
                       o->micro ? (int)o->micro : 2 * (int)o->pipe, o->one_f_one_b, o->remat,
-                      o->balance_time};
+                      o->balance_time, NULL, NULL};
+  dg_swap_opts so;
+  if (o->swap) {
+    if (swap_opts(o, &so)) return 2;
+    po.swap = &so;
+    po.swap_name = o->swap;
+  }
   return gpt_pipe_run(&po);
 }
 
@@ -387,10 +405,6 @@ int main(int argc, char **argv) {
   opts o;
   if (parse(argc, argv, &o)) return 2;
   dg_set_num_threads((int)o.threads);
-  if (o.pipe && o.swap) {
-    fprintf(stderr, "transformer: --swap is for the single-process loop, not --pipe\n");
-    return 2;
-  }
   const char *trace = o.trace ? o.trace : getenv("DG_TRACE");
   int trc = trace ? dg_trace_start(NULL) : 0;
   if (trc) {

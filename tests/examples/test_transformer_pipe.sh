@@ -2,9 +2,11 @@
 # The char-GPT pipelined under dgrun trains as the unpipelined run (#13 item
 # 8): 20 steps of a tiny GPT (2 layers) on one process, then with --pipe 2
 # on 2 ranks (GPipe, 4 micro-batches), then DP x PP on 4 ranks (2 stages x
-# 2 replicas, 1F1B, re-materialization, balance by measured time). Every
-# step's printed train loss and the final val loss must agree within
-# 2e-4 (the micro-batch sums are added in another order).
+# 2 replicas, 1F1B, re-materialization, balance by measured time), then
+# --pipe 2 with activation swapping to a file on every stage (exact, so
+# the same curve; each stage reports what it swapped). Every step's printed
+# train loss and the final val loss must agree within 2e-4 (the
+# micro-batch sums are added in another order).
 #   test_transformer_pipe.sh PATH/TO/transformer PATH/TO/dgrun
 set -u
 exe="${1:?usage: test_transformer_pipe.sh TRANSFORMER DGRUN}"
@@ -27,12 +29,16 @@ timeout 120 "$dgrun" --nproc-per-node 2 "$exe" "${args[@]}" --pipe 2 --micro-bat
 timeout 120 "$dgrun" --nproc-per-node 4 "$exe" "${args[@]}" --pipe 2 --micro-batches 2 \
   --schedule 1f1b --remat --balance time >"$tmp/dpxpp.out" 2>&1 ||
   fail "DP x PP on 4 ranks exited $?"
+mkdir "$tmp/swap"
+timeout 120 "$dgrun" --nproc-per-node 2 "$exe" "${args[@]}" --pipe 2 --micro-batches 4 \
+  --swap file --swap-dir "$tmp/swap" --swap-min-bytes 0 >"$tmp/pipeswap.out" 2>&1 ||
+  fail "--pipe 2 --swap file on 2 ranks exited $?"
 
 # "step N train loss X" / "step N val loss X" (dgrun prefixes "[rank 0] ")
 losses() { sed 's/^\[rank 0\] //' "$1" | awk '/^step .* (train|val) loss/ {print $2, $3, $5}'; }
 losses "$tmp/one.out" >"$tmp/one.l"
 [ "$(wc -l <"$tmp/one.l")" -eq 21 ] || fail "the unpipelined run printed $(wc -l <"$tmp/one.l") losses, want 21"
-for run in pipe2 dpxpp; do
+for run in pipe2 dpxpp pipeswap; do
   losses "$tmp/$run.out" >"$tmp/$run.l"
   paste -d' ' "$tmp/one.l" "$tmp/$run.l" | awk -v run="$run" '
     { n++; d = $3 - $6; if (d < 0) d = -d;
@@ -41,4 +47,8 @@ for run in pipe2 dpxpp; do
     fail "$run's loss curve differs from the unpipelined run"
 done
 grep -q "stage 1 of replica 1" "$tmp/dpxpp.out" || fail "DP x PP did not report rank 3's stage"
-echo "ok: 21 losses equal across 1 process, --pipe 2 and DP x PP 2 x 2"
+for r in 0 1; do # every stage swapped something out
+  grep -Eq "^\[rank $r\] rank $r: swap \(file\): [0-9.]*[1-9][0-9.]* MiB out" "$tmp/pipeswap.out" ||
+    fail "rank $r did not report swapped activations"
+done
+echo "ok: 21 losses equal across 1 process, --pipe 2, DP x PP 2 x 2 and --pipe 2 --swap file"
