@@ -39,7 +39,7 @@ typedef struct {
  * point-to-point (10). */
 #define FP_PREFIX 11ULL
 #define FP_ACK_PREFIX 12ULL
-#define POS_CAP 160
+#define POS_CAP 256 /* a position, or an aborting rank's own error */
 
 struct dg__flight {
   pthread_mutex_t mu;
@@ -58,6 +58,7 @@ struct dg__flight {
   int thr_started, cmp_done; /* cmp_done under mu */
   pthread_cond_t cv;
   int rank, size, bound, dead; /* copies: the thread may outlive the group */
+  int pub_only;                /* an abort: publish this rank's error, read nothing */
   dg_store *st;                /* the group's store (k_grp) */
   dg_store *own[4];            /* handed over by the group's teardown: the */
   int nown, detached;          /* thread frees them, and f (under mu) */
@@ -357,9 +358,11 @@ static int read_pos(dg_store *st, int r, int64_t deadline, char *pos) {
 /* Appends one group's phrase: "ranks 0-2 wait in seq 813 (...)". */
 static void phrase(const char *pos, const int *grp, int W, int g, int cnt, char *out, size_t cap,
                    size_t *o) {
-  static const char *one[] = {"is at", "waits in", "failed in", "has run no operation"};
-  static const char *many[] = {"are at", "wait in", "failed in", "have run no operation"};
-  int v = pos[0] == 'a' ? 0 : pos[0] == 'w' ? 1 : pos[0] == 'f' ? 2 : 3;
+  static const char *one[] = {"is at", "waits in", "failed in", "has run no operation",
+                              "failed:"};
+  static const char *many[] = {"are at", "wait in", "failed in", "have run no operation",
+                               "failed:"};
+  int v = pos[0] == 'a' ? 0 : pos[0] == 'w' ? 1 : pos[0] == 'f' ? 2 : pos[0] == 'x' ? 4 : 3;
   int k = snprintf(out + *o, cap - *o, "%srank%s ", *o ? "; " : "", cnt > 1 ? "s" : "");
   *o = DG_MIN(*o + (size_t)(k > 0 ? k : 0), cap - 1);
   rank_list(grp, W, g, out, cap, o);
@@ -430,7 +433,7 @@ static void *compare_main(void *arg) {
   snprintf(key, sizeof key, "dgrad_info/%d", f->rank); /* published at rendezvous */
   if (!pos || dg_store_wait(f->st, &k, 1, bound) != DG_OK) goto out;
   snprintf(key, sizeof key, "dgrad_flight/%d", f->rank);
-  if (dg_store_set(f->st, key, f->mine, strlen(f->mine)) != DG_OK) goto out;
+  if (dg_store_set(f->st, key, f->mine, strlen(f->mine)) != DG_OK || f->pub_only) goto out;
   for (int r = 0; r < W; r++) {
     if (r == f->rank) snprintf(pos[r], POS_CAP, "%s", f->mine);
     else if (!read_pos(f->st, r, r == f->dead ? 0 : deadline, pos[r])) pos[r][0] = 0;
@@ -526,6 +529,24 @@ static void write_file(dg_pg *pg, dg__flight *f, const char *msg) {
             r->state >= FL_DONE ? dg_err_name(r->status) : "-");
   }
   if (fclose(fp) == 0) DG_LOGI("dist: rank %d: flight records in %s", pg->rank, path);
+}
+
+void dg__flight_aborted(dg_pg *pg, const char *why) {
+  dg__flight *f = pg->flight;
+  if (!f || !f->ring || !pg->all_dgrad || pg->size < 2 ||
+      __atomic_exchange_n(&f->failed, 1, __ATOMIC_ACQ_REL))
+    return;
+  pthread_mutex_lock(&f->mu);
+  snprintf(f->mine, sizeof f->mine, "x|%s", why);
+  last_coll(f, f->seen, sizeof f->seen);
+  f->dead = -1;
+  f->pub_only = 1;
+  pthread_mutex_unlock(&f->mu);
+  char none[1] = "";
+  compare(pg, f, none, sizeof none); /* publishes only; bounded as a failure's */
+  pthread_mutex_lock(&f->mu);
+  write_file(pg, f, why);
+  pthread_mutex_unlock(&f->mu);
 }
 
 void dg__flight_failed(dg_pg *pg, const dg_work *w, int code, int dead, char *msg, size_t cap) {

@@ -333,17 +333,11 @@ static int check_peer(void *arg, int peer) {
  * under "<name>/0", as torch's ProcessGroupGloo for that group. */
 static int own_transport(mk_ctx *m) {
   dg_pg *pg = m->pg;
-  char key[48], info[64];
-  snprintf(key, sizeof key, "dgrad_info/%d", pg->rank);
-  snprintf(info, sizeof info, INFO_FMT, dg_version(), pg->size);
-  int rc = dg_store_set(pg->s_grp, key, info, strlen(info));
-  if (rc != DG_OK)
-    return dg__fail_msg(m->err, m->cap, rc, "sub-group %s: %s", m->name,
-                        dg_store_errmsg(pg->s_grp));
   dg_xport_opts xo = {.rank = pg->rank, .size = pg->size, .store = pg->s_dev,
                       .timeout_ms = pg->timeout_ms, .bind_addr = &pg->bind,
                       .check = check_peer, .check_arg = m, .spin_us = pg->spin_us};
   char e[384];
+  int rc;
   if ((rc = dg__tcp_xport_new(&pg->x, &xo, e, sizeof e)) != DG_OK)
     return dg__fail_msg(m->err, m->cap, rc, "dg_pg_new_group (sub-group %s, ranks of the parent "
                         "%d..%d): %s", m->name, m->ranks[0], m->ranks[m->n - 1], e);
@@ -394,6 +388,17 @@ static int make_member(mk_ctx *m) {
   m->pg->k_dev = m->pg->s_dev;
   int all = 1;
   for (int i = 0; i < m->n; i++) all &= m->dgrad[m->ranks[i]];
+  /* "dgrad_info/<r>" (version, size) under the group's prefix, as dg_pg_new
+   * publishes it: torch members' transport checks it, and a failure's
+   * comparison of positions (flight.c) first waits for it to see the store
+   * answer (without it every failure in a sub-group waited out that bound
+   * and said the store did not answer) */
+  char key[48], info[64];
+  snprintf(key, sizeof key, "dgrad_info/%d", m->pg->rank);
+  snprintf(info, sizeof info, INFO_FMT, dg_version(), m->pg->size);
+  if (rc == DG_OK && (rc = dg_store_set(m->pg->s_grp, key, info, strlen(info))) != DG_OK)
+    dg__fail_msg(m->err, m->cap, rc, "sub-group %s: %s", m->name,
+                 dg_store_errmsg(m->pg->s_grp));
   if (rc == DG_OK) rc = all ? share_transport(m) : own_transport(m);
   if (rc == DG_OK && m->pg->all_dgrad) rc = local_paths(m);
   if (rc == DG_OK && !m->internal) rc = dg__pg_start_worker(m->pg);

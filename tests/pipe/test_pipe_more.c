@@ -538,6 +538,13 @@ static int dp_fail_rank(int r, int W, void *arg) {
   CHECK(secs < 10);
   fprintf(stderr, "rank %d failed after %.3f s: %s\n", r, secs, dg_pipe_errmsg(p));
   if (r != 3) CHECK_STR_HAS(dg_pipe_errmsg(p), "rank 3"); /* the failing rank is named */
+  /* and the others compare positions at once: every sub-group publishes
+   * its rendezvous key (the comparison waited out its 1 s bound for it), and
+   * rank 3 publishes its own error, which its pipe partner quotes */
+  CHECK(!strstr(dg_pipe_errmsg(p), "the store did not answer"));
+  if (r == 2)
+    CHECK_STR_HAS(dg_pipe_errmsg(p), "rank 1 failed: pipe step 1: stage 1 (layers 2-4), forward "
+                  "of micro-batch 0: slice: rows [5, 2) out of range");
   int64_t n = 0; /* the groups stay up until all failed: no rank sees another leave */
   dg_store_add(st, "failed", 1, &n);
   for (int i = 0; n < W && i < 10000; i++) {
