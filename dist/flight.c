@@ -464,14 +464,19 @@ out:
  * store call for the store's own timeout: the thread's first call, a WAIT
  * on this rank's rendezvous key, gives up at the bound, and when even its
  * reconnection hangs, this rank does not wait for it. */
-static void compare(dg_pg *pg, dg__flight *f, char *msg, size_t cap) {
-  int bound = bound_ms(pg);
+static int compare_start(dg_pg *pg, dg__flight *f) {
   f->rank = pg->rank;
   f->size = pg->size;
-  f->bound = bound;
+  f->bound = bound_ms(pg);
   f->st = pg->k_grp;
-  if (pthread_create(&f->thr, NULL, compare_main, f) != 0) return;
+  if (pthread_create(&f->thr, NULL, compare_main, f) != 0) return 0;
   f->thr_started = 1;
+  return 1;
+}
+
+static void compare(dg_pg *pg, dg__flight *f, char *msg, size_t cap) {
+  int bound = bound_ms(pg);
+  if (!compare_start(pg, f)) return;
   int64_t until = dg__now_ms() + bound + 250;
   pthread_mutex_lock(&f->mu);
   for (int64_t left; !f->cmp_done && (left = until - dg__now_ms()) > 0;)
@@ -531,22 +536,31 @@ static void write_file(dg_pg *pg, dg__flight *f, const char *msg) {
   if (fclose(fp) == 0) DG_LOGI("dist: rank %d: flight records in %s", pg->rank, path);
 }
 
-void dg__flight_aborted(dg_pg *pg, const char *why) {
+/* "x|<why>": the error without the comparison a failed operation appended
+ * (it describes other groups), and short enough to quote whole. */
+static void own_position(const char *why, char *out, size_t cap) {
+  const char *w = strstr(why, " [where: ");
+  int n = (int)(w ? (size_t)(w - why) : strlen(why));
+  if (n > 150) snprintf(out, cap, "x|%.147s...", why);
+  else snprintf(out, cap, "x|%.*s", n, why);
+}
+
+void dg__flight_aborted(dg_pg *pg, const char *why, int own) {
   dg__flight *f = pg->flight;
   if (!f || !f->ring || !pg->all_dgrad || pg->size < 2 ||
       __atomic_exchange_n(&f->failed, 1, __ATOMIC_ACQ_REL))
     return;
   pthread_mutex_lock(&f->mu);
-  snprintf(f->mine, sizeof f->mine, "x|%s", why);
+  if (own) own_position(why, f->mine, sizeof f->mine);
+  else position(f, f->mine, sizeof f->mine); /* passing a failure on: where it stands */
   last_coll(f, f->seen, sizeof f->seen);
   f->dead = -1;
   f->pub_only = 1;
-  pthread_mutex_unlock(&f->mu);
-  char none[1] = "";
-  compare(pg, f, none, sizeof none); /* publishes only; bounded as a failure's */
-  pthread_mutex_lock(&f->mu);
   write_file(pg, f, why);
   pthread_mutex_unlock(&f->mu);
+  /* not waited for: the others' comparisons wait for it (bounded), and the
+   * group's teardown joins the thread or hands it the stores */
+  (void)compare_start(pg, f);
 }
 
 void dg__flight_failed(dg_pg *pg, const dg_work *w, int code, int dead, char *msg, size_t cap) {

@@ -63,11 +63,13 @@ int dg__flight_check(dg_coll *c);
  * writes the ring's file. Later calls return at once. */
 void dg__flight_failed(dg_pg *pg, const dg_work *w, int code, int dead, char *msg, size_t cap);
 
-/* This rank fails the group itself (dg__pg_abort: a pipe stage's own
- * error): publishes `why` as its position, so that the others' comparison
- * reads "rank R failed: <why>" at once instead of waiting out its bound
- * for a rank that runs no failing operation. Bounded as the comparison;
- * later failures of the group on this rank add no comparison. */
-void dg__flight_aborted(dg_pg *pg, const char *why);
+/* This rank fails the group (dg__pg_abort): publishes, from the
+ * comparison's thread and without waiting for it, `why` as its position
+ * when the failure is its own (own 1: the others read "rank R failed:
+ * <why>"), else its usual position (it passes a peer's failure on), so that
+ * the others' comparison has an answer from it at once instead of waiting
+ * out its bound for a rank that runs no failing operation. Later failures
+ * of the group on this rank add no comparison. */
+void dg__flight_aborted(dg_pg *pg, const char *why, int own);
 
 #endif

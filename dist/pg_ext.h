@@ -23,8 +23,10 @@ int dg__pg_error(dg_pg *pg, char *msg, size_t cap);
 int dg__pg_timeout_ms(const dg_pg *pg);
 /* Fails the group (sticky, as a failed collective does): every pending
  * work completes with code and peers are told msg. For a layer that posted
- * receives it can no longer wait for (the pipe after a failed step). */
-void dg__pg_abort(dg_pg *pg, int code, const char *msg);
+ * receives it can no longer wait for (the pipe after a failed step). own:
+ * msg is this rank's own failure, not a peer's passed on; the others'
+ * failure messages then quote it ("rank R failed: msg", flight.h). */
+void dg__pg_abort(dg_pg *pg, int code, const char *msg, int own);
 /* 1 when allreduces of this group go through shared memory by default. */
 int dg__pg_local_shm(const dg_pg *pg);
 /* rank's process id where this group's ranks can write each other's

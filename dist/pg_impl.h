@@ -43,7 +43,7 @@ struct dg_pg {
   int worker_started;
   uint32_t tag;
   uint64_t seq;
-  char err[512];
+  char err[768]; /* as a work's (pg_work.h) */
   /* sub-groups (pg_group.c) */
   dg_pg *parent;   /* NULL: a group of dg_pg_new */
   int *members;    /* (size) sub-group: each rank's rank in the parent */

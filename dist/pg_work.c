@@ -389,9 +389,9 @@ int dg__pg_error(dg_pg *pg, char *msg, size_t cap) {
 
 int dg__pg_timeout_ms(const dg_pg *pg) { return pg->timeout_ms; }
 
-void dg__pg_abort(dg_pg *pg, int code, const char *msg) {
-  dg__flight_aborted(pg, msg); /* first: the others read it when they learn of the abort */
+void dg__pg_abort(dg_pg *pg, int code, const char *msg, int own) {
   if (pg->x->vt->error(pg->x, NULL, 0) == DG_OK) pg->x->vt->abort(pg->x, code, -1, msg);
+  dg__flight_aborted(pg, msg, own);
 }
 
 const dg_link_model *dg__pg_link(const dg_pg *pg) {

@@ -46,7 +46,7 @@ struct dg_work {
   dg_algo algo;
   int64_t deadline; /* ms, monotonic; set when it starts */
   int status;       /* DG_XOP_PENDING, DG_OK or a code */
-  char err[512];
+  char err[768]; /* the op, the cause, and the comparison of positions (flight.h) */
   dg_xop xop; /* send/recv */
   struct dg_work *next;
 };

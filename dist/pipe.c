@@ -87,7 +87,7 @@ struct dg_pipe {
   int64_t step;
   double loss_sum, wait;
   dg_pipe_stats st;
-  char errmsg[512];
+  char errmsg[1024]; /* a failing op's message and where this stage was */
 };
 
 #define FAIL(p, code, ...) dg__fail_msg((p)->errmsg, sizeof (p)->errmsg, code, __VA_ARGS__)
@@ -975,8 +975,8 @@ static void trace_action(const dg_pipe *p, const dg__pipe_action *act, uint64_t 
  * receives posted ahead wait for messages that may never come: the group
  * is failed first, so that they end and the other stages fail at once with
  * this stage's message instead of at their timeout. */
-static int end_step(dg_pipe *p, int rc, int started) {
-  if (rc && started) dg__pg_abort(p->pg, rc, p->errmsg);
+static int end_step(dg_pipe *p, int rc, int started, int own) {
+  if (rc && started) dg__pg_abort(p->pg, rc, p->errmsg, own);
   dg_work_free(p->ahead.hdr);
   p->ahead.hdr = NULL, p->ahead.mb = -1;
   for (int i = 0; i < NT; i++) dg_work_free(p->ahead.data[i]), p->ahead.data[i] = NULL;
@@ -1040,6 +1040,16 @@ static int share_loss(dg_pipe *p, int rc, float *loss) {
   return rc;
 }
 
+/* Whether a failed step's error is this stage's own (its layers, its loss,
+ * a peer's header it refused) rather than a peer's failure reaching it:
+ * the groups it uses were still up when it failed. g: the group the step
+ * failed in. Read before this stage aborts any group. */
+static int own_failure(const dg_pipe *p, dg_pg *g) {
+  if (dg__pg_error(g, NULL, 0) != DG_OK) return 0;
+  return g == p->pg ? !p->dp || dg__pg_error(p->dp, NULL, 0) == DG_OK
+                    : dg__pg_error(p->pg, NULL, 0) == DG_OK;
+}
+
 static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn loss_fn,
                void *user, float *loss, int eval) {
   if (!p) return DG_EINVAL;
@@ -1068,11 +1078,13 @@ static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn los
       track_memory(p);
     }
   }
-  rc = end_step(p, rc, started);
+  const int own = rc && own_failure(p, p->pg); /* before any abort fails the groups */
+  rc = end_step(p, rc, started, own);
   if (rc && p->dpx) {
-    dg__pipe_dp_abort(p->dpx, rc, p->errmsg, started);
+    dg__pipe_dp_abort(p->dpx, rc, p->errmsg, started, own);
   } else if (!eval && p->dpx && (rc = dp_sync(p))) {
-    dg__pg_abort(p->pg, rc, p->errmsg); /* the other stages wait for the loss */
+    /* the other stages wait for the loss */
+    dg__pg_abort(p->pg, rc, p->errmsg, own_failure(p, p->dp));
   }
   rc = share_loss(p, rc, loss);
   p->eval = 0;

@@ -22,7 +22,7 @@ struct dg__pipe_dp {
   size_t *lo;        /* (nb + 1) bucket k: elements [lo[k + 1], lo[k]) of the flat gradient */
   dg_work **w;       /* (nb) posted all-reduces */
   double wait;
-  char msg[256];
+  char msg[900]; /* a failing all-reduce's message (pg_work.h) */
 };
 
 static int by_offset_desc(const void *a, const void *b, void *ps) {
@@ -168,8 +168,8 @@ int dg__pipe_dp_sync(dg__pipe_dp *d, char *err, size_t cap) {
   return rc;
 }
 
-void dg__pipe_dp_abort(dg__pipe_dp *d, int code, const char *msg, int started) {
-  if (started || d->next > 0) dg__pg_abort(d->dp, code, msg);
+void dg__pipe_dp_abort(dg__pipe_dp *d, int code, const char *msg, int started, int own) {
+  if (started || d->next > 0) dg__pg_abort(d->dp, code, msg, own);
   reset(d);
 }
 

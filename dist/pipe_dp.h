@@ -33,8 +33,8 @@ int dg__pipe_dp_sync(dg__pipe_dp *d, char *err, size_t cap);
 /* A failed step: fails dp with msg when it had started (past its argument
  * checks) or a bucket was posted, so that the other replicas, waiting in
  * their all-reduce, fail at once instead of at their timeout; drops the
- * posted works. */
-void dg__pipe_dp_abort(dg__pipe_dp *d, int code, const char *msg, int started);
+ * posted works. own: msg is this stage's own failure (dg__pg_abort). */
+void dg__pipe_dp_abort(dg__pipe_dp *d, int code, const char *msg, int started, int own);
 /* Buckets, those posted during the last backward, seconds waited in sync. */
 void dg__pipe_dp_stats(const dg__pipe_dp *d, int *buckets, int *early, double *wait);
 void dg__pipe_dp_free(dg__pipe_dp *d);

@@ -220,15 +220,20 @@ static void report(pipe_state *s, const gpt_pipe_opts *o) {
            "backward, %.2f ms waited after it\n", s->rank, st.dp_buckets, st.dp_buckets_early,
            1e3 * st.dp_wait_seconds);
   if (!o->swap) return;
-  dg_ctx *ctxs[16];
   int n = 0, on = 0;
   double out = 0, in = 0, wait = 0;
-  if (dg_pipe_contexts(s->pipe, ctxs, 16, &n) != DG_OK) return;
+  if (dg_pipe_contexts(s->pipe, NULL, 0, &n) != DG_OK || n < 1) return; /* how many first */
+  dg_ctx **ctxs = malloc((size_t)n * sizeof *ctxs);
+  if (!ctxs || dg_pipe_contexts(s->pipe, ctxs, n, &n) != DG_OK) {
+    free(ctxs);
+    return;
+  }
   for (int i = 0; i < n; i++) {
     dg_swap_stats sw;
     if (dg_ctx_swap_stats(ctxs[i], &sw) != DG_OK) continue; /* a context without a tape */
     out += (double)sw.bytes_out, in += (double)sw.bytes_in, wait += sw.backward_wait_s, on++;
   }
+  free(ctxs);
   printf("rank %d: swap (%s): %.1f MiB out / %.1f MiB in over %d contexts; backward waited "
          "%.3f s\n", s->rank, o->swap_name ? o->swap_name : "on", out / 1048576.0,
          in / 1048576.0, on, wait);

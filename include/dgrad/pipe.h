@@ -202,7 +202,8 @@ DG_API int dg_pipe_layer_cost(const dg_pipe *p, double *cost, int cap, int *n);
  * boundaries counted. DG_ENOTFOUND when the balance was not measured. */
 DG_API int dg_pipe_boundary_cost(const dg_pipe *p, double *cut, int cap, int *n);
 
-/* The contexts this stage runs on, n of them into ctxs (cap entries): the
+/* The contexts this stage runs on, the first cap of them into ctxs, and
+ * their total into *n (it may exceed cap; ctxs NULL with cap 0 asks): the
  * micro-batch pool (dg_pipe_stats.contexts), then with opts.remat the
  * recomputation context, where every backward runs. For grad-ready and
  * backward-end hooks and dg_ctx_swap_stats; the pipe owns them: do not

@@ -51,4 +51,23 @@ for r in 0 1; do # every stage swapped something out
   grep -Eq "^\[rank $r\] rank $r: swap \(file\): [0-9.]*[1-9][0-9.]* MiB out" "$tmp/pipeswap.out" ||
     fail "rank $r did not report swapped activations"
 done
-echo "ok: 21 losses equal across 1 process, --pipe 2, DP x PP 2 x 2 and --pipe 2 --swap file"
+# 24 micro-batches (more contexts than a fixed array of 16 held: the
+# report read past it and crashed), large enough that a stage reads swapped
+# activations back from the file: the same 4 losses as one process
+big=(--text "$tmp/text" --steps 3 --layers 2 --heads 2 --dim 64 --context 64 --batch 24
+     --lr 1e-2 --warmup 1 --log-every 1 --eval-every 3 --eval-batches 1 --sample-len 0 --seed 7)
+"$exe" "${big[@]}" >"$tmp/one24.out" 2>&1 || fail "the unpipelined 24-row run exited $?"
+timeout 120 "$dgrun" --nproc-per-node 2 "$exe" "${big[@]}" --pipe 2 --micro-batches 24 \
+  --swap file --swap-dir "$tmp/swap" --swap-min-bytes 0 >"$tmp/swap24.out" 2>&1 ||
+  fail "--pipe 2 --micro-batches 24 --swap file exited $?"
+losses "$tmp/one24.out" >"$tmp/one24.l"
+losses "$tmp/swap24.out" >"$tmp/swap24.l"
+paste -d' ' "$tmp/one24.l" "$tmp/swap24.l" | awk '
+  { n++; d = $3 - $6; if (d < 0) d = -d;
+    if ($1 != $4 || $2 != $5 || d > 2e-4) { printf "swap24: step %s %s loss %s, unpipelined %s\n", $4, $5, $6, $3; bad = 1 } }
+  END { if (n != 4) { printf "swap24: %d losses, want 4\n", n; bad = 1 } exit bad }' ||
+  fail "--pipe 2 --micro-batches 24 --swap file: the loss curve differs"
+grep -Eq "swap \(file\): [0-9.]+ MiB out / [0-9.]*[1-9][0-9.]* MiB in over 24 contexts" \
+  "$tmp/swap24.out" || fail "no stage read swapped activations back over its 24 contexts"
+echo "ok: 21 losses equal across 1 process, --pipe 2, DP x PP 2 x 2 and --pipe 2 --swap file;" \
+  "4 with 24 micro-batches swapping"
