@@ -59,6 +59,8 @@ struct dg__flight {
   pthread_cond_t cv;
   int rank, size, bound, dead; /* copies: the thread may outlive the group */
   int pub_only;                /* an abort: publish this rank's error, read nothing */
+  int64_t cmp_until;           /* ms: when the first failure stops waiting for the
+                                  comparison (under mu; 0: no comparison to wait for) */
   dg_store *st;                /* the group's store (k_grp) */
   dg_store *own[4];            /* handed over by the group's teardown: the */
   int nown, detached;          /* thread frees them, and f (under mu) */
@@ -476,8 +478,16 @@ static int compare_start(dg_pg *pg, dg__flight *f) {
 
 static void compare(dg_pg *pg, dg__flight *f, char *msg, size_t cap) {
   int bound = bound_ms(pg);
-  if (!compare_start(pg, f)) return;
   int64_t until = dg__now_ms() + bound + 250;
+  pthread_mutex_lock(&f->mu);
+  f->cmp_until = until;
+  pthread_mutex_unlock(&f->mu);
+  if (!compare_start(pg, f)) {
+    pthread_mutex_lock(&f->mu);
+    f->cmp_until = 0;
+    pthread_mutex_unlock(&f->mu);
+    return;
+  }
   pthread_mutex_lock(&f->mu);
   for (int64_t left; !f->cmp_done && (left = until - dg__now_ms()) > 0;)
     dg__cond_wait_ms(&f->cv, &f->mu, left);
@@ -563,9 +573,25 @@ void dg__flight_aborted(dg_pg *pg, const char *why, int own) {
   (void)compare_start(pg, f);
 }
 
+/* A later failure of the group on this rank (another pending op): the first
+ * failure's comparison too, waited for as long as the first one waits. */
+static void later_failure(dg__flight *f, char *msg, size_t cap) {
+  pthread_mutex_lock(&f->mu);
+  for (int64_t left; f->cmp_until && !f->cmp_done && (left = f->cmp_until - dg__now_ms()) > 0;)
+    dg__cond_wait_ms(&f->cv, &f->mu, left);
+  size_t o = strlen(msg);
+  if (f->sum[0] && o + 16 < cap && !strstr(msg, " [where: "))
+    snprintf(msg + o, cap - o, " [where: %s]", f->sum);
+  pthread_mutex_unlock(&f->mu);
+}
+
 void dg__flight_failed(dg_pg *pg, const dg_work *w, int code, int dead, char *msg, size_t cap) {
   dg__flight *f = pg->flight;
-  if (!f || !f->ring || __atomic_exchange_n(&f->failed, 1, __ATOMIC_ACQ_REL)) return;
+  if (!f || !f->ring) return;
+  if (__atomic_exchange_n(&f->failed, 1, __ATOMIC_ACQ_REL)) {
+    later_failure(f, msg, cap);
+    return;
+  }
   int64_t now = dg__now_ns();
   pthread_mutex_lock(&f->mu);
   position(f, f->mine, sizeof f->mine);

@@ -60,7 +60,8 @@ int dg__flight_check(dg_coll *c);
 /* The group's first failure, on this rank: compares positions with the
  * other ranks through the store (bounded wait; `dead` is a rank known gone,
  * not waited for, -1 none), appends the summary to msg (cap bytes) and
- * writes the ring's file. Later calls return at once. */
+ * writes the ring's file. Later calls (the group's other pending works)
+ * append the same summary, waiting for it no longer than the first. */
 void dg__flight_failed(dg_pg *pg, const dg_work *w, int code, int dead, char *msg, size_t cap);
 
 /* This rank fails the group (dg__pg_abort): publishes, from the

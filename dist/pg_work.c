@@ -269,6 +269,8 @@ static int p2p(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int peer, uint32
     set_err(k, "%s #%llu (rank %d, tag %u) failed: %s", dg__work_name(k),
             (unsigned long long)k->seq, peer, tag,
             x->vt->error(x, NULL, 0) ? tm : "the peer has left the group");
+    /* posted on a failed group: the comparison of positions all the same */
+    if (x->vt->error(x, NULL, 0)) dg__flight_failed(pg, k, rc, -1, k->err, sizeof k->err);
     k->status = rc;
     dg__flight_end(pg, k, rc);
   }
