@@ -478,13 +478,13 @@ static int compare_start(dg_pg *pg, dg__flight *f) {
 
 static void compare(dg_pg *pg, dg__flight *f, char *msg, size_t cap) {
   int bound = bound_ms(pg);
-  int64_t until = dg__now_ms() + bound + 250;
   pthread_mutex_lock(&f->mu);
-  f->cmp_until = until;
+  const int64_t until = f->cmp_until; /* set with the claim (dg__flight_failed) */
   pthread_mutex_unlock(&f->mu);
   if (!compare_start(pg, f)) {
     pthread_mutex_lock(&f->mu);
-    f->cmp_until = 0;
+    f->cmp_until = 0; /* nothing to wait for: later failures go on */
+    pthread_cond_broadcast(&f->cv);
     pthread_mutex_unlock(&f->mu);
     return;
   }
@@ -557,10 +557,12 @@ static void own_position(const char *why, char *out, size_t cap) {
 
 void dg__flight_aborted(dg_pg *pg, const char *why, int own) {
   dg__flight *f = pg->flight;
-  if (!f || !f->ring || !pg->all_dgrad || pg->size < 2 ||
-      __atomic_exchange_n(&f->failed, 1, __ATOMIC_ACQ_REL))
-    return;
+  if (!f || !f->ring || !pg->all_dgrad || pg->size < 2) return;
   pthread_mutex_lock(&f->mu);
+  if (__atomic_exchange_n(&f->failed, 1, __ATOMIC_ACQ_REL)) {
+    pthread_mutex_unlock(&f->mu);
+    return;
+  }
   if (own) own_position(why, f->mine, sizeof f->mine);
   else position(f, f->mine, sizeof f->mine); /* passing a failure on: where it stands */
   last_coll(f, f->seen, sizeof f->seen);
@@ -573,36 +575,38 @@ void dg__flight_aborted(dg_pg *pg, const char *why, int own) {
   (void)compare_start(pg, f);
 }
 
-/* A later failure of the group on this rank (another pending op): the first
- * failure's comparison too, waited for as long as the first one waits. */
+/* A later failure of the group on this rank (another pending op; lock
+ * held): the first failure's comparison too, waited for as long as the
+ * first one waits. */
 static void later_failure(dg__flight *f, char *msg, size_t cap) {
-  pthread_mutex_lock(&f->mu);
   for (int64_t left; f->cmp_until && !f->cmp_done && (left = f->cmp_until - dg__now_ms()) > 0;)
     dg__cond_wait_ms(&f->cv, &f->mu, left);
   size_t o = strlen(msg);
   if (f->sum[0] && o + 16 < cap && !strstr(msg, " [where: "))
     snprintf(msg + o, cap - o, " [where: %s]", f->sum);
-  pthread_mutex_unlock(&f->mu);
 }
 
 void dg__flight_failed(dg_pg *pg, const dg_work *w, int code, int dead, char *msg, size_t cap) {
   dg__flight *f = pg->flight;
   if (!f || !f->ring) return;
+  /* a fingerprint mismatch names both calls already; torch ranks publish
+   * no position */
+  const int cmp = code != DG_EMISMATCH && pg->all_dgrad && pg->size > 1;
+  int64_t now = dg__now_ns();
+  pthread_mutex_lock(&f->mu); /* the claim and the wait's deadline at once for later failures */
   if (__atomic_exchange_n(&f->failed, 1, __ATOMIC_ACQ_REL)) {
     later_failure(f, msg, cap);
+    pthread_mutex_unlock(&f->mu);
     return;
   }
-  int64_t now = dg__now_ns();
-  pthread_mutex_lock(&f->mu);
+  if (cmp) f->cmp_until = dg__now_ms() + bound_ms(pg) + 250;
   position(f, f->mine, sizeof f->mine);
   last_coll(f, f->seen, sizeof f->seen);
   f->dead = dead;
   fl_rec *r = rec_of(f, w); /* failed now, as the file says */
   if (r) r->t_end = now, r->status = code, r->state = FL_FAILED;
   pthread_mutex_unlock(&f->mu);
-  /* a fingerprint mismatch names both calls already; torch ranks publish
-   * no position */
-  if (code != DG_EMISMATCH && pg->all_dgrad && pg->size > 1) compare(pg, f, msg, cap);
+  if (cmp) compare(pg, f, msg, cap);
   pthread_mutex_lock(&f->mu);
   write_file(pg, f, msg);
   pthread_mutex_unlock(&f->mu);

@@ -47,7 +47,7 @@ static void name_both(const dg_pg *pg, int r, char *msg, size_t cap) {
 /* Makes any failure sticky (the transport aborts), and records it. peer:
  * this group's numbering. */
 static int work_fail(dg_work *w, dg_xport *x, int code, int peer, const char *detail) {
-  char tm[512];
+  char tm[sizeof w->err];
   dg_pg *pg = w->pg;
   if (x->vt->error(x, tm, sizeof tm) == DG_OK) {
     snprintf(tm, sizeof tm, "%s #%llu: %s", dg__work_name(w), (unsigned long long)w->seq,
@@ -269,7 +269,8 @@ static int p2p(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int peer, uint32
     set_err(k, "%s #%llu (rank %d, tag %u) failed: %s", dg__work_name(k),
             (unsigned long long)k->seq, peer, tag,
             x->vt->error(x, NULL, 0) ? tm : "the peer has left the group");
-    /* posted on a failed group: the comparison of positions all the same */
+    /* posted on a failed group: the comparison of positions all the same
+     * (as its wait would; bounded: up to an eighth of the timeout, 1.25 s) */
     if (x->vt->error(x, NULL, 0)) dg__flight_failed(pg, k, rc, -1, k->err, sizeof k->err);
     k->status = rc;
     dg__flight_end(pg, k, rc);
@@ -392,8 +393,13 @@ int dg__pg_error(dg_pg *pg, char *msg, size_t cap) {
 int dg__pg_timeout_ms(const dg_pg *pg) { return pg->timeout_ms; }
 
 void dg__pg_abort(dg_pg *pg, int code, const char *msg, int own) {
-  if (pg->x->vt->error(pg->x, NULL, 0) == DG_OK) pg->x->vt->abort(pg->x, code, -1, msg);
+  /* claimed first: a worker woken by the abort must not take the group's
+   * failure path before this rank's own error is the position it publishes */
   dg__flight_aborted(pg, msg, own);
+  char m[sizeof pg->err];
+  const char *w = strstr(msg, " [where: "); /* another group's comparison: not the peers' */
+  snprintf(m, sizeof m, "%.*s", (int)(w ? (size_t)(w - msg) : strlen(msg)), msg);
+  if (pg->x->vt->error(pg->x, NULL, 0) == DG_OK) pg->x->vt->abort(pg->x, code, -1, m);
 }
 
 const dg_link_model *dg__pg_link(const dg_pg *pg) {

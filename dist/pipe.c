@@ -356,7 +356,7 @@ static int dp_setup(dg_pipe *p, char *err, size_t cap) {
 /* After the last backward: the gradients averaged over the replicas (the
  * buckets not posted during it), the running statistics from replica 0. */
 static int dp_sync(dg_pipe *p) {
-  char e[320] = "";
+  char e[1024] = "";
   int rc = dg__pipe_dp_sync(p->dpx, e, sizeof e);
   dg__pipe_dp_stats(p->dpx, &p->st.dp_buckets, &p->st.dp_buckets_early, &p->st.dp_wait_seconds);
   if (rc)
@@ -1078,13 +1078,15 @@ static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn los
       track_memory(p);
     }
   }
-  const int own = rc && own_failure(p, p->pg); /* before any abort fails the groups */
+  /* before any abort fails the groups; a neighbour found gone (DG_EPEER)
+   * is not this stage's own failure */
+  const int own = rc && rc != DG_EPEER && own_failure(p, p->pg);
   rc = end_step(p, rc, started, own);
   if (rc && p->dpx) {
     dg__pipe_dp_abort(p->dpx, rc, p->errmsg, started, own);
   } else if (!eval && p->dpx && (rc = dp_sync(p))) {
     /* the other stages wait for the loss */
-    dg__pg_abort(p->pg, rc, p->errmsg, own_failure(p, p->dp));
+    dg__pg_abort(p->pg, rc, p->errmsg, rc != DG_EPEER && own_failure(p, p->dp));
   }
   rc = share_loss(p, rc, loss);
   p->eval = 0;
