@@ -154,24 +154,24 @@ static void copy_elems(dg_tensor *dst, const dg_tensor *src) {
   dg__be_of(dst)->mem->copy(&a);
 }
 
-const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x) {
-  if (dg__is_contig(x)) return x->data;
-  const int keep = ctx->op_device;
-  ctx->op_device = x->device; /* the packed copy lives where x does */
-  dg_tensor *c = dg__new_like(ctx, op, x);
-  ctx->op_device = keep;
-  if (!c) return NULL;
-  copy_elems(c, x);
-  return c->data;
-}
-
-dg_tensor *dg__contig_copy(dg_ctx *ctx, const char *op, dg_tensor *x) {
+/* x packed into a new arena tensor of dtype dt, where x lives. */
+static dg_tensor *packed(dg_ctx *ctx, const char *op, dg_tensor *x, dg_dtype dt) {
   const int keep = ctx->op_device;
   ctx->op_device = x->device;
-  dg_tensor *c = dg__new(ctx, op, x->dtype, x->ndim, x->shape);
+  dg_tensor *c = dg__new(ctx, op, dt, x->ndim, x->shape);
   ctx->op_device = keep;
   if (c) copy_elems(c, x);
   return c;
+}
+
+const float *dg__contig_data(dg_ctx *ctx, const char *op, dg_tensor *x) {
+  if (dg__is_contig(x)) return x->data;
+  dg_tensor *c = packed(ctx, op, x, DG_F32);
+  return c ? c->data : NULL;
+}
+
+dg_tensor *dg__contig_copy(dg_ctx *ctx, const char *op, dg_tensor *x) {
+  return packed(ctx, op, x, x->dtype);
 }
 
 int64_t *dg__index_data(dg_ctx *ctx, const char *op, const char *what, const char *where,

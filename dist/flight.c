@@ -546,11 +546,15 @@ static void write_file(dg_pg *pg, dg__flight *f, const char *msg) {
   if (fclose(fp) == 0) DG_LOGI("dist: rank %d: flight records in %s", pg->rank, path);
 }
 
+size_t dg__flight_cut(const char *msg) {
+  const char *w = strstr(msg, " [where: ");
+  return w ? (size_t)(w - msg) : strlen(msg);
+}
+
 /* "x|<why>": the error without the comparison a failed operation appended
  * (it describes other groups), and short enough to quote whole. */
 static void own_position(const char *why, char *out, size_t cap) {
-  const char *w = strstr(why, " [where: ");
-  int n = (int)(w ? (size_t)(w - why) : strlen(why));
+  int n = (int)dg__flight_cut(why);
   if (n > 150) snprintf(out, cap, "x|%.147s...", why);
   else snprintf(out, cap, "x|%.*s", n, why);
 }
@@ -582,7 +586,7 @@ static void later_failure(dg__flight *f, char *msg, size_t cap) {
   for (int64_t left; f->cmp_until && !f->cmp_done && (left = f->cmp_until - dg__now_ms()) > 0;)
     dg__cond_wait_ms(&f->cv, &f->mu, left);
   size_t o = strlen(msg);
-  if (f->sum[0] && o + 16 < cap && !strstr(msg, " [where: "))
+  if (f->sum[0] && o + 16 < cap && dg__flight_cut(msg) == o)
     snprintf(msg + o, cap - o, " [where: %s]", f->sum);
 }
 

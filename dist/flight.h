@@ -73,4 +73,8 @@ void dg__flight_failed(dg_pg *pg, const dg_work *w, int code, int dead, char *ms
  * of the group on this rank add no comparison. */
 void dg__flight_aborted(dg_pg *pg, const char *why, int own);
 
+/* The length of msg before the comparison a failure appended to it
+ * (" [where: ..."), or all of it. */
+size_t dg__flight_cut(const char *msg);
+
 #endif

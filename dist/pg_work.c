@@ -265,13 +265,12 @@ static int p2p(dg_pg *pg, void *buf, size_t count, dg_dtype dt, int peer, uint32
   int rc = kind == DG_W_SEND ? x->vt->send(x, &k->xop) : x->vt->recv(x, &k->xop);
   if (rc != DG_OK) {
     char tm[400];
-    x->vt->error(x, tm, sizeof tm);
+    const int failed = x->vt->error(x, tm, sizeof tm) != DG_OK;
     set_err(k, "%s #%llu (rank %d, tag %u) failed: %s", dg__work_name(k),
-            (unsigned long long)k->seq, peer, tag,
-            x->vt->error(x, NULL, 0) ? tm : "the peer has left the group");
+            (unsigned long long)k->seq, peer, tag, failed ? tm : "the peer has left the group");
     /* posted on a failed group: the comparison of positions all the same
      * (as its wait would; bounded: up to an eighth of the timeout, 1.25 s) */
-    if (x->vt->error(x, NULL, 0)) dg__flight_failed(pg, k, rc, -1, k->err, sizeof k->err);
+    if (failed) dg__flight_failed(pg, k, rc, -1, k->err, sizeof k->err);
     k->status = rc;
     dg__flight_end(pg, k, rc);
   }
@@ -396,9 +395,8 @@ void dg__pg_abort(dg_pg *pg, int code, const char *msg, int own) {
   /* claimed first: a worker woken by the abort must not take the group's
    * failure path before this rank's own error is the position it publishes */
   dg__flight_aborted(pg, msg, own);
-  char m[sizeof pg->err];
-  const char *w = strstr(msg, " [where: "); /* another group's comparison: not the peers' */
-  snprintf(m, sizeof m, "%.*s", (int)(w ? (size_t)(w - msg) : strlen(msg)), msg);
+  char m[sizeof pg->err]; /* without another group's comparison: not the peers' */
+  snprintf(m, sizeof m, "%.*s", (int)dg__flight_cut(msg), msg);
   if (pg->x->vt->error(pg->x, NULL, 0) == DG_OK) pg->x->vt->abort(pg->x, code, -1, m);
 }
 

@@ -356,7 +356,7 @@ static int dp_setup(dg_pipe *p, char *err, size_t cap) {
 /* After the last backward: the gradients averaged over the replicas (the
  * buckets not posted during it), the running statistics from replica 0. */
 static int dp_sync(dg_pipe *p) {
-  char e[1024] = "";
+  char e[sizeof p->errmsg] = "";
   int rc = dg__pipe_dp_sync(p->dpx, e, sizeof e);
   dg__pipe_dp_stats(p->dpx, &p->st.dp_buckets, &p->st.dp_buckets_early, &p->st.dp_wait_seconds);
   if (rc)
@@ -1040,14 +1040,12 @@ static int share_loss(dg_pipe *p, int rc, float *loss) {
   return rc;
 }
 
-/* Whether a failed step's error is this stage's own (its layers, its loss,
- * a peer's header it refused) rather than a peer's failure reaching it:
- * the groups it uses were still up when it failed. g: the group the step
- * failed in. Read before this stage aborts any group. */
-static int own_failure(const dg_pipe *p, dg_pg *g) {
-  if (dg__pg_error(g, NULL, 0) != DG_OK) return 0;
-  return g == p->pg ? !p->dp || dg__pg_error(p->dp, NULL, 0) == DG_OK
-                    : dg__pg_error(p->pg, NULL, 0) == DG_OK;
+/* Whether the groups this stage uses are up: a step that failed while they
+ * were failed on its own (its layers, its loss, a peer's header it refused),
+ * not because a peer's failure reached it. Read before any abort. */
+static int groups_up(const dg_pipe *p) {
+  return dg__pg_error(p->pg, NULL, 0) == DG_OK &&
+         (!p->dp || dg__pg_error(p->dp, NULL, 0) == DG_OK);
 }
 
 static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn loss_fn,
@@ -1080,13 +1078,13 @@ static int run(dg_pipe *p, dg_tensor *x, dg_tensor *targets, dg_pipe_loss_fn los
   }
   /* before any abort fails the groups; a neighbour found gone (DG_EPEER)
    * is not this stage's own failure */
-  const int own = rc && rc != DG_EPEER && own_failure(p, p->pg);
+  const int own = rc && rc != DG_EPEER && groups_up(p);
   rc = end_step(p, rc, started, own);
   if (rc && p->dpx) {
     dg__pipe_dp_abort(p->dpx, rc, p->errmsg, started, own);
   } else if (!eval && p->dpx && (rc = dp_sync(p))) {
     /* the other stages wait for the loss */
-    dg__pg_abort(p->pg, rc, p->errmsg, rc != DG_EPEER && own_failure(p, p->dp));
+    dg__pg_abort(p->pg, rc, p->errmsg, rc != DG_EPEER && groups_up(p));
   }
   rc = share_loss(p, rc, loss);
   p->eval = 0;
