@@ -391,6 +391,12 @@ float *dg__params_grad_raw(dg_params *ps);
  * back into a private allocation; views follow. While lent, parameters
  * cannot be added (DG_ESTATE). */
 int dg__params_lend_grad(dg_params *ps, float *buf);
+/* Points the flat value buffer at `buf` (at least used_total floats, the
+ * values already copied in by the caller; DDP's shared segment while the
+ * update is sharded) and returns the previous buffer, which the caller
+ * keeps and swaps back before the store is freed. Views follow. Only while the gradients are lent too, so
+ * no parameter can be added meanwhile. */
+float *dg__params_swap_data(dg_params *ps, float *buf);
 /* 1 when t takes a gradient. */
 static inline int dg__wants_grad(const dg_tensor *t) {
   return t && (t->flags & DG_TF_REQUIRES_GRAD);

@@ -309,6 +309,16 @@ int dg__params_lend_grad(dg_params *ps, float *buf) {
   return DG_OK;
 }
 
+float *dg__params_swap_data(dg_params *ps, float *buf) {
+  float *old = ps->data;
+  ps->data = buf;
+  for (int i = 0; i < ps->n; i++) {
+    ps->t[i]->data = buf + ps->offset[i];
+    if (ps->t[i]->flags & DG_TF_PENDING) dg__param_set_pending(ps, i, 1); /* (re-poisons) */
+  }
+  return old;
+}
+
 int dg_params_add_companion(dg_params *ps, float *buf) {
   if (!ps || !buf) return DG_EINVAL;
   float **c = dg__realloc(ps->companions, (size_t)(ps->ncompanions + 1) * sizeof *c);

@@ -135,6 +135,22 @@ int dg__ddp_finish_round(dg_ddp *d) {
 
 int dg__ddp_layout_due(const dg_ddp *d) { return !d->rebuilt && !d->opts.static_buckets; }
 
+/* Whether the ranks shard the update from the second step on (collective,
+ * once, in the first synchronising round): every rank has data, an
+ * optimizer handed over that any block can update alone, and the same
+ * settings, on the shared segment. */
+static int shard_agree(dg_ddp *d) {
+  int ok = d->red->share && d->opts.shard_update >= 0 && d->opt && d->has_data &&
+           dg__optim_shardable(d->opt);
+  int64_t h = ok ? (int64_t)(dg__optim_fingerprint(d->opt) >> 2) : 0;
+  int64_t v[3] = {ok, h, -h}; /* min of ok; min and max of the settings */
+  int rc = dg_pg_allreduce_sync(d->pg, v, 3, DG_I64, DG_RED_MIN);
+  if (rc) return dg__ddp_fail(d, rc, "ddp: rank %d: agreeing on the sharded update failed: %s",
+                              d->rank, dg_pg_errmsg(d->pg));
+  d->shard_ok = v[0] == 1 && v[1] == -v[2];
+  return DG_OK;
+}
+
 /* The first synchronising round lays the buckets out in the ready order
  * before any of them starts (it has no overlap), so every round sums each
  * element in the same order: a run resumed from a checkpoint, whose first
@@ -145,7 +161,7 @@ int dg__ddp_first_layout(dg_ddp *d) {
   if (!dg__ddp_layout_due(d) || d->world == 1) return DG_OK;
   int rc = dg__ddp_rebuild(d);
   if (!rc) reset_buckets(d);
-  return rc;
+  return rc ? rc : shard_agree(d);
 }
 
 static int on_end(void *user, dg_ctx *ctx) {
@@ -266,6 +282,7 @@ static void release_opt(void *owner) {
     d->pending = 0;
     for (int i = 0; i < d->nparams; i++) dg__param_set_pending(d->ps, i, 0);
   }
+  if (d->shard) d->red->unshare_state(d); /* the optimizer keeps its state */
   d->opt = NULL;
   dg__params_set_update_owned(d->ps, 0);
 }
@@ -371,6 +388,13 @@ int dg_ddp_overlap_optimizer(dg_ddp *d, dg_optim *opt) {
   if (opt && opt == d->opt) return DG_OK;
   if (d->in_step || d->pending)
     return dg__ddp_fail(d, DG_ESTATE, "ddp_overlap_optimizer: called inside a step");
+  if (d->shard) { /* refused; the DDP goes on (no recorded failure) */
+    if (!d->err)
+      snprintf(d->errmsg, sizeof d->errmsg, "ddp_overlap_optimizer: rank %d: the update is "
+               "sharded over the ranks since the first step (one shared copy of the values "
+               "and the optimizer's state): the optimizer stays until dg_ddp_free", d->rank);
+    return DG_ESTATE;
+  }
   char err[160];
   int rc = opt ? dg__optim_set_owner(opt, d->ps, d, release_opt, err, sizeof err) : DG_OK;
   if (rc) return dg__ddp_fail(d, rc, "ddp_overlap_optimizer: %s", err);
@@ -402,6 +426,7 @@ int dg_ddp_get_stats(const dg_ddp *d, dg_ddp_stats *out) {
   *out = d->st;
   out->nbuckets = d->nb;
   out->rebuilt = d->rebuilt;
+  out->sharded = d->shard;
   return DG_OK;
 }
 

@@ -67,6 +67,14 @@ struct dg_ddp {
   int zero_due;       /* gradients consumed by our update: zero them before
                          the next backward accumulates */
   int in_gate;
+  /* the sharded update (ddp_shm.c): the values and the optimizer state live
+   * in the shared segment, one copy for all ranks, and whoever averages a
+   * block of a bucket applies the update to it there */
+  int shard_ok;       /* every rank agreed at the first layout (collective) */
+  int shard;          /* the store's values and opt's state are the segment's */
+  int round_fused;    /* this round's average went into the update, not the gradients */
+  float *priv_data;   /* the store's own value buffer, for the way back */
+  float *priv_state[2]; /* opt's own state buffers, likewise */
   /* built-in compression: per-bucket half buffers */
   uint16_t **half;
   size_t *half_cap;

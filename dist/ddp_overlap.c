@@ -19,9 +19,11 @@
 /* Updates bucket k's parameters (their average is final); clears their pending marks. */
 static void apply(dg_ddp *d, int k) {
   dg__ddp_bucket *b = &d->b[k];
-  uint64_t tr0 = dg__trace_t0();
-  dg__optim_step_span(d->opt, b->lo, b->hi, d->pend_lr);
-  DG__TRACE_END(tr0, "optimizer step", dg_optim_name(d->opt), "bucket", k, NULL, 0);
+  if (!d->round_fused) { /* (sharded: the averaging updated the shared copy) */
+    uint64_t tr0 = dg__trace_t0();
+    dg__optim_step_span(d->opt, b->lo, b->hi, d->pend_lr);
+    DG__TRACE_END(tr0, "optimizer step", dg_optim_name(d->opt), "bucket", k, NULL, 0);
+  }
   b->applied = 1;
   for (int i = 0; i < d->nparams; i++)
     if (d->pbucket[i] == k) dg__param_set_pending(d->ps, i, 0);
@@ -68,7 +70,8 @@ int dg__ddp_defer_step(dg_ddp *d) {
     if ((rc = dg__ddp_finish_round(d))) return rc;
     for (int k = 0; k < d->nb; k++) apply(d, k);
     d->zero_due = 1;
-    return DG_OK;
+    /* every rank updated alike: from here on one copy, updated sharded */
+    return d->shard_ok && !d->shard ? d->red->share(d) : DG_OK;
   }
   dg__ddp_start_rest(d);
   /* backward does not wait here: report a failure the group already knows */

@@ -39,6 +39,13 @@ typedef struct {
   /* The round is over (every bucket finished, or a failure): releases what
    * the started buckets hold. */
   void (*end_round)(dg_ddp *d);
+  /* The sharded update (NULL: not offered): share moves the store's
+   * values and d->opt's state into one copy all ranks update (collective:
+   * every rank with d->shard_ok calls it after the first step's update);
+   * unshare_state gives d->opt its own state back (the optimizer is being
+   * freed). free gives the values back. */
+  int (*share)(dg_ddp *d);
+  void (*unshare_state)(dg_ddp *d);
   /* The DDP is freed. */
   void (*free)(dg_ddp *d);
 } dg__ddp_reducer;

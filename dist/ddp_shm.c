@@ -40,6 +40,7 @@
 #include "dist/coll_ext.h"
 #include "dist/net/net_impl.h"
 #include "core/core_impl.h"
+#include "optim/optim_impl.h"
 
 #define RED_TILE 4096 /* floats reduced in L1 before being written out */
 
@@ -48,6 +49,17 @@ typedef struct {
   uint32_t sleepers __attribute__((aligned(64)));
   uint32_t waiters __attribute__((aligned(64))); /* threads in a wait loop (any rank) */
 } grad_hdr;
+
+/* A rank's update of this round (sharded update), by round parity: the
+ * averaging applies the first one of a round in which every rank with data
+ * publishes one (on). */
+typedef struct {
+  uint32_t gen;  /* the round it belongs to */
+  int32_t on;    /* this rank has data and applies the update sharded */
+  int32_t accum; /* the round's accumulation divisor */
+  float lr;
+  int64_t step;  /* the optimizer's step count for this update */
+} __attribute__((aligned(64))) upd_desc;
 
 typedef struct {
   dg_pg *pg;
@@ -67,6 +79,13 @@ typedef struct {
   int engine_thread;  /* 1: an engine task in the group's worker per round */
   dg_work *engine;    /* this round's engine */
   int64_t peer_blocks; /* peers' blocks this rank averaged (dg_ddp_stats) */
+  /* the sharded update: after the ranks' gradients, 1 + DG_OPTIM_MAX_STATE
+   * buffers of the same stride (the values, then the optimizer's state),
+   * one copy for all ranks; per-rank update words before the gradients */
+  upd_desc *desc;      /* (W * 2) */
+  unsigned char *shared;
+  struct dg_optim *opt; /* this rank's optimizer while it updates the shared copy */
+  int no_join;
 } seg;
 
 static size_t page_up(size_t n) { return (n + 4095) / 4096 * 4096; }
@@ -99,6 +118,9 @@ static int64_t *ready_at_of(seg *s, int r) {
   return (int64_t *)(s->ctl + (size_t)r * s->ctl_stride + 64 + 3 * w + (s->gen & 1) * t);
 }
 static float *grad_of(seg *s, int r) { return (float *)(s->data + (size_t)r * s->stride); }
+/* Shared buffer i: 0 the values, 1 + k the optimizer's state k. */
+static float *shared_of(seg *s, int i) { return (float *)(s->shared + (size_t)i * s->stride); }
+static upd_desc *desc_of(seg *s, int r) { return &s->desc[r * 2 + (s->gen & 1)]; }
 
 static void seg_free(seg *s) {
   if (!s) return;
@@ -118,7 +140,10 @@ static int seg_new(dg_pg *pg, size_t nfloat, int nbmax, seg **out) {
   size_t cs = 64 + 5 * line_up((size_t)nbmax * sizeof(uint32_t)) +
               2 * line_up((size_t)nbmax * sizeof(int64_t));
   size_t ctl = page_up(sizeof(grad_hdr) + (size_t)W * cs);
-  size_t len = ctl + (size_t)W * stride;
+  size_t dsc = page_up((size_t)W * 2 * sizeof(upd_desc));
+  /* the shared values and state cost nothing until touched (shared memory
+   * is allocated by the page) */
+  size_t len = ctl + dsc + (size_t)(W + 1 + DG_OPTIM_MAX_STATE) * stride;
   void *p = NULL;
   int rc = dg__shm_map(pg, len, &p);
   if (rc != DG_OK || !p) return rc;
@@ -127,7 +152,9 @@ static int seg_new(dg_pg *pg, size_t nfloat, int nbmax, seg **out) {
     *s = (seg){.pg = pg, .base = p, .len = len, .stride = stride, .W = W,
                .rank = dg_pg_rank(pg), .nbmax = nbmax, .hdr = p,
                .ctl = (unsigned char *)p + sizeof(grad_hdr), .ctl_stride = cs,
-               .data = (unsigned char *)p + ctl};
+               .desc = (upd_desc *)((unsigned char *)p + ctl),
+               .data = (unsigned char *)p + ctl + dsc};
+    s->shared = s->data + (size_t)W * stride;
     s->off = dg__calloc((size_t)nbmax * 3, sizeof *s->off);
     s->posted = dg__calloc((size_t)nbmax, sizeof *s->posted);
   }
@@ -197,6 +224,50 @@ static void grad_block(seg *s, size_t o, size_t n) {
   }
 }
 
+/* This round's update when every rank with data applies it sharded (the
+ * first such rank's words; all agree), else NULL: the average goes into the
+ * gradients. *split: ranks with data disagree (a rank's optimizer was let
+ * go). Valid once every rank posted a bucket of the round. */
+static const upd_desc *round_update(seg *s, int *split) {
+  const upd_desc *first = NULL;
+  int on = 0;
+  for (int p = 0; p < s->W; p++) {
+    const upd_desc *u = desc_of(s, p);
+    if (!is_gen(&u->gen, s->gen) || !u->on) continue;
+    on++;
+    if (!first) first = u;
+  }
+  int data = seg_count(s);
+  if (split) *split = on && on != data;
+  return on && on == data ? first : NULL;
+}
+
+/* The average of [o, o + n), scaled as shm_finish would, fed straight into
+ * the update of the shared values: a tile at a time through L1, nothing
+ * written back to the gradients. Bit for bit what averaging, scaling and
+ * dg__optim_step_span give (same operations in the same order). */
+static void fused_block(seg *s, const upd_desc *u, size_t o, size_t n) {
+  int32_t active = s->no_join ? s->W : seg_count(s);
+  const float f = (active > 0 ? 1.0f / ((float)active * (float)u->accum) : 0.0f) * (float)s->W;
+  float tile[RED_TILE];
+  for (size_t t = 0; t < n; t += RED_TILE) {
+    size_t k = DG_MIN((size_t)RED_TILE, n - t);
+    if (s->W == 2) {
+      const float *a = grad_of(s, 0) + o + t, *b = grad_of(s, 1) + o + t;
+      for (size_t i = 0; i < k; i++) tile[i] = (a[i] + b[i]) * 0.5f;
+    } else {
+      memcpy(tile, grad_of(s, 0) + o + t, k * sizeof(float));
+      for (int p = 1; p < s->W; p++) {
+        if (p == s->W - 1) dg__reduce_avg_last(tile, grad_of(s, p) + o + t, k, DG_F32, s->W);
+        else dg__reduce(tile, grad_of(s, p) + o + t, k, DG_F32, DG_RED_SUM);
+      }
+    }
+    if (f != 1.0f)
+      for (size_t i = 0; i < k; i++) tile[i] *= f;
+    dg__optim_update_at(s->opt, u->lr, u->step, o + t, tile, k);
+  }
+}
+
 /* Whether block j of bucket k is taken this round (a claim of a later
  * round cannot exist before this rank posted it: see progress). */
 static int claimed(seg *s, int j, int k) {
@@ -227,7 +298,11 @@ static int candidate(seg *s, int steal, int *j) {
 static int progress(seg *s, int steal) {
   if (!steal && __atomic_load_n(&s->hdr->waiters, __ATOMIC_ACQUIRE)) return 0;
   int n = 0;
+  const upd_desc *u = NULL;
   for (int k, j; (k = candidate(s, steal, &j)) >= 0;) {
+    /* a bucket ready everywhere: every rank's words of the round are out */
+    if (!u) u = round_update(s, NULL);
+    if (u && !s->opt) return n; /* this rank let its optimizer go: the others update */
     uint32_t *c = &claim_of(s, j)[k], old = __atomic_load_n(c, __ATOMIC_ACQUIRE);
     if ((int32_t)(old - s->gen) >= 0 ||
         !__atomic_compare_exchange_n(c, &old, s->gen, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
@@ -235,7 +310,8 @@ static int progress(seg *s, int steal) {
     __atomic_store_n(&who_of(s, j)[k], s->rank, __ATOMIC_RELAXED);
     size_t q = s->cnt[k] / (size_t)s->W, rm = s->cnt[k] % (size_t)s->W;
     size_t bo = (size_t)j * q + DG_MIN((size_t)j, rm);
-    grad_block(s, s->off[k] + bo, q + ((size_t)j < rm));
+    if (u) fused_block(s, u, s->off[k] + bo, q + ((size_t)j < rm));
+    else grad_block(s, s->off[k] + bo, q + ((size_t)j < rm));
     __atomic_store_n(&done_of(s, j)[k], s->gen, __ATOMIC_SEQ_CST);
     ring(s);
     if (j != s->rank) __atomic_add_fetch(&s->peer_blocks, 1, __ATOMIC_RELAXED);
@@ -386,6 +462,17 @@ static void shm_begin_round(dg_ddp *d, int32_t have) {
    * ahead, and it cannot begin the round after that before this rank has
    * read this round's counts */
   __atomic_store_n(&count_of(s, s->rank)[s->gen & 1], have, __ATOMIC_RELEASE);
+  /* this rank's update of the round, before any of its buckets is posted */
+  upd_desc *u = desc_of(s, s->rank);
+  u->on = d->shard && s->opt && have && dg__optim_shardable(s->opt);
+  if (u->on) {
+    int K = d->opts.accum_steps > 1 ? d->opts.accum_steps : 1;
+    u->accum = d->micro > 1 ? K : 1; /* what on_end sets d->accum_div to */
+    u->lr = dg_optim_lr(s->opt); /* the rate in force as backward begins */
+    u->step = dg_optim_step_count(s->opt) + 1; /* counted at backward end */
+  }
+  __atomic_store_n(&u->gen, s->gen, __ATOMIC_RELEASE);
+  d->round_fused = 0;
   /* the first round re-lays the buckets out before any starts: no engine
    * may read the layout meanwhile (the waits do the blocks) */
   if (!s->engine_thread || dg__ddp_layout_due(d)) return;
@@ -417,8 +504,21 @@ static int shm_finish(dg_ddp *d, int k) {
                         "floats) failed: %s", d->rank, (long long)d->st.sync_steps, k,
                         d->b[k].nparams, d->b[k].hi - d->b[k].lo, err[0] ? err : dg_pg_errmsg(d->pg));
   if (d->active < 0) d->active = d->opts.no_join ? d->world : seg_count(s);
+  int split = 0;
+  d->round_fused = round_update(s, &split) != NULL;
+  if (d->shard && d->has_data && !d->round_fused)
+    return dg__ddp_fail(d, DG_ESTATE, "ddp: rank %d: step %lld: the update is sharded over the "
+                        "ranks, but %s: free the DDP before the optimizer, and set no "
+                        "parameter group on it once it is sharded", d->rank,
+                        (long long)d->st.sync_steps,
+                        !s->opt ? "this rank's optimizer was freed"
+                        : !dg__optim_shardable(s->opt) ? "this rank's optimizer was given "
+                                                         "parameter groups"
+                        : split ? "another rank no longer applies it (its optimizer was freed "
+                                  "or given parameter groups)"
+                                : "no rank applies it");
   const float f = dg__ddp_round_scale(d) * (float)d->world; /* the segment divided by world */
-  if (f != 1.0f) {
+  if (!d->round_fused && f != 1.0f) {
     float *g = dg__params_grad_raw(d->ps);
     for (size_t i = d->b[k].lo; i < d->b[k].hi; i++) g[i] *= f;
   }
@@ -443,8 +543,50 @@ static void shm_end_round(dg_ddp *d) {
   s->engine = NULL;
 }
 
+/* One copy of the values and the optimizer's state for all ranks: rank 0
+ * copies its own in (every rank's are equal after the first step), and
+ * after a barrier each rank points its store and optimizer at the copy. */
+static int shm_share(dg_ddp *d) {
+  seg *s = d->red_state;
+  dg_optim *o = d->opt;
+  size_t bytes = d->ps->used_total * sizeof(float);
+  if (s->rank == 0) {
+    memcpy(shared_of(s, 0), d->ps->data, bytes);
+    for (int k = 0; k < o->nstate; k++) memcpy(shared_of(s, 1 + k), o->state[k], bytes);
+  }
+  int64_t ok = 1;
+  int rc = dg_pg_allreduce_sync(d->pg, &ok, 1, DG_I64, DG_RED_MIN);
+  if (rc) return dg__ddp_fail(d, rc, "ddp: rank %d: sharing the update over the ranks failed: "
+                              "%s", d->rank, dg_pg_errmsg(d->pg));
+  d->priv_data = dg__params_swap_data(d->ps, shared_of(s, 0));
+  for (int k = 0; k < o->nstate; k++) d->priv_state[k] = dg__optim_swap_state(o, k, shared_of(s, 1 + k));
+  s->opt = o;
+  d->shard = 1;
+  return DG_OK;
+}
+
+/* The optimizer is let go: it gets a copy of the shared state back. */
+static void shm_unshare_state(dg_ddp *d) {
+  seg *s = d->red_state;
+  dg_optim *o = s->opt;
+  if (!o) return;
+  size_t bytes = d->ps->used_total * sizeof(float);
+  for (int k = 0; k < o->nstate; k++) {
+    memcpy(d->priv_state[k], o->state[k], bytes);
+    (void)dg__optim_swap_state(o, k, d->priv_state[k]);
+  }
+  s->opt = NULL;
+}
+
 static void shm_free(dg_ddp *d) {
-  /* gradients back into private memory (the store outlives us) */
+  /* the values (a copy of the shared ones) and the gradients back into
+   * private memory (the store outlives us) */
+  shm_unshare_state(d);
+  if (d->shard) {
+    memcpy(d->priv_data, d->ps->data, d->ps->used_total * sizeof(float));
+    (void)dg__params_swap_data(d->ps, d->priv_data);
+    d->shard = 0;
+  }
   if (dg__params_lend_grad(d->ps, NULL) != DG_OK)
     DG_LOGE("ddp_free: rank %d: out of memory taking the gradients back; they are lost",
             d->rank);
@@ -455,7 +597,8 @@ static void shm_free(dg_ddp *d) {
 static const dg__ddp_reducer shm_reducer = {
     .name = "shared segment", .count_rides = 1, .layout = shm_layout,
     .begin_round = shm_begin_round, .start = shm_start, .progress = shm_progress,
-    .finish = shm_finish, .count = shm_count, .end_round = shm_end_round, .free = shm_free};
+    .finish = shm_finish, .count = shm_count, .end_round = shm_end_round, .share = shm_share,
+    .unshare_state = shm_unshare_state, .free = shm_free};
 
 /* The averaging is CPU work: an engine in the group's worker overlaps it
  * with backward only if a core is free for it; otherwise it only adds
@@ -479,6 +622,7 @@ int dg__ddp_shm_init(dg_ddp *d) {
                               "buffers failed: %s", d->rank, dg_pg_errmsg(d->pg));
   if (!s) return DG_OK; /* no segment: private gradients, the collectives */
   s->engine_thread = engine_wanted(d);
+  s->no_join = d->opts.no_join;
   if ((rc = dg__params_lend_grad(d->ps, s->mine)) != DG_OK) {
     /* only ENOMEM-free paths reach here: lending an external buffer cannot fail */
     seg_free(s);

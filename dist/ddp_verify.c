@@ -162,6 +162,7 @@ int dg__ddp_broadcast_buffers(dg_ddp *d, int root, int with_opts) {
 int dg__ddp_broadcast_state(dg_ddp *d, int root, int with_buffers) {
   size_t n = 0;
   float *v = dg_params_data(d->ps, &n);
-  int rc = bcast(d, v, n, DG_F32, root, "the parameter values");
+  /* a sharded update keeps one copy of the values for all ranks: equal already */
+  int rc = d->shard ? DG_OK : bcast(d, v, n, DG_F32, root, "the parameter values");
   return rc ? rc : dg__ddp_broadcast_buffers(d, root, with_buffers);
 }

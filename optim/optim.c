@@ -200,11 +200,18 @@ dg_sgd_opts dg_sgd_defaults(void) {
   return d;
 }
 
+/* The kernel over [lo, hi) of w, g and buf (the momentum buffer or NULL)
+ * at step `step`. */
+static void sgd_call(dg_optim *o, dg__optim_hyper h, int64_t step, float *w, const float *g,
+                     float *buf, size_t lo, size_t hi) {
+  dg__sgd_args a = {w, g, buf, lo, hi, h.lr, h.wd, o->sgd.momentum,
+                    o->sgd.dampening, step == 1, o->sgd.nesterov};
+  o->be->optim->sgd(&a);
+}
+
 static void sgd_range(dg_optim *o, dg__optim_hyper h, float *w, const float *g, size_t lo,
                       size_t hi) {
-  dg__sgd_args a = {w, g, o->state[0], lo, hi, h.lr, h.wd, o->sgd.momentum,
-                    o->sgd.dampening, o->step == 1, o->sgd.nesterov};
-  o->be->optim->sgd(&a);
+  sgd_call(o, h, o->step, w, g, o->state[0], lo, hi);
 }
 
 int dg_optim_new_sgd(dg_optim **out, dg_params *ps, const dg_sgd_opts *opts, char *err,
@@ -238,16 +245,21 @@ dg_adamw_opts dg_adamw_defaults(void) {
 }
 
 /* torch.optim.AdamW's step constants; the kernel does the rest. */
-static void adamw_range(dg_optim *o, dg__optim_hyper h, float *w, const float *g, size_t lo,
-                        size_t hi) {
+static void adamw_call(dg_optim *o, dg__optim_hyper h, int64_t step, float *w, const float *g,
+                       float *m, float *v, size_t lo, size_t hi) {
   const dg_adamw_opts *a = &o->adam;
-  const double t = (double)o->step;
-  dg__adamw_args k = {w, g, o->state[0], o->state[1], lo, hi,
+  const double t = (double)step;
+  dg__adamw_args k = {w, g, m, v, lo, hi,
                       (float)(1.0 - (double)h.lr * h.wd),
                       (float)(h.lr / (1.0 - pow(a->beta1, t))),
                       (float)sqrt(1.0 - pow(a->beta2, t)), a->beta1, a->beta2, 1.0f - a->beta1,
                       1.0f - a->beta2, a->eps};
   o->be->optim->adamw(&k);
+}
+
+static void adamw_range(dg_optim *o, dg__optim_hyper h, float *w, const float *g, size_t lo,
+                        size_t hi) {
+  adamw_call(o, h, o->step, w, g, o->state[0], o->state[1], lo, hi);
 }
 
 int dg__adam_opts_ok(const dg_adamw_opts *a) {
@@ -294,4 +306,44 @@ int dg__optim_set_owner(dg_optim *o, dg_params *ps, void *owner, void (*release)
   o->owner_release = owner ? release : NULL;
   o->owner = owner;
   return DG_OK;
+}
+
+/* ---- the sharded update (DDP) ---- */
+
+int dg__optim_shardable(const dg_optim *o) {
+  return (o->kind == DG__OPT_SGD || o->kind == DG__OPT_ADAMW) && !o->mixed;
+}
+
+void dg__optim_update_at(dg_optim *o, float lr, int64_t step, size_t lo, const float *g,
+                         size_t n) {
+  /* pointers offset here, the kernel over [0, n): every one stays in its buffer */
+  dg__optim_hyper h = {lr, o->wd};
+  float *w = o->ps->data + lo;
+  if (o->kind == DG__OPT_SGD)
+    sgd_call(o, h, step, w, g, o->nstate ? o->state[0] + lo : NULL, 0, n);
+  else
+    adamw_call(o, h, step, w, g, o->state[0] + lo, o->state[1] + lo, 0, n);
+}
+
+float *dg__optim_swap_state(dg_optim *o, int k, float *buf) {
+  float *old = o->state[k];
+  for (int c = 0; c < o->ps->ncompanions; c++) /* in place: nothing to allocate */
+    if (o->ps->companions[c] == old) o->ps->companions[c] = buf;
+  o->state[k] = buf;
+  return old;
+}
+
+uint64_t dg__optim_fingerprint(const dg_optim *o) {
+  /* what an update does besides lr and the step (FNV-1a over the settings) */
+  struct {
+    int kind, nstate, nesterov;
+    float wd, momentum, dampening, b1, b2, eps;
+  } k = {(int)o->kind, o->nstate, o->sgd.nesterov, o->wd, o->sgd.momentum, o->sgd.dampening,
+         o->adam.beta1, o->adam.beta2, o->adam.eps};
+  if (o->kind != DG__OPT_SGD) k.nesterov = 0, k.momentum = k.dampening = 0;
+  else k.b1 = k.b2 = k.eps = 0;
+  uint64_t h = 1469598103934665603ull;
+  const unsigned char *b = (const unsigned char *)&k;
+  for (size_t i = 0; i < sizeof k; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
 }

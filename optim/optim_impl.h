@@ -104,6 +104,24 @@ int dg__adam_opts_fail(const dg_adamw_opts *a, const char *name, char *err, size
 int dg__optim_begin_step(struct dg_optim *o);
 void dg__optim_step_span(struct dg_optim *o, size_t lo, size_t hi, float lr);
 
+/* A DDP sharding the update over the ranks (each rank updates the blocks
+ * it averages, in one shared copy of the values and the state): */
+/* 1 when the update is element-wise with one setting for every parameter
+ * (SGD or AdamW without parameter groups), so any block can be updated
+ * alone. */
+int dg__optim_shardable(const struct dg_optim *o);
+/* Applies a step's update to [lo, lo + n) of the flat buffers with gradient
+ * g (n floats), learning rate lr and step count `step` (what
+ * dg__optim_step_span would apply there at that step, bit for bit). */
+void dg__optim_update_at(struct dg_optim *o, float lr, int64_t step, size_t lo, const float *g,
+                         size_t n);
+/* The update's settings but lr, hashed: equal on ranks that update alike. */
+uint64_t dg__optim_fingerprint(const struct dg_optim *o);
+/* Points state buffer k (and its companion entry) at buf, which the caller
+ * filled; returns the previous buffer, which the caller keeps and swaps
+ * back before the optimizer is freed. */
+float *dg__optim_swap_state(struct dg_optim *o, int k, float *buf);
+
 /* Hands the optimizer's steps to an owner (a DDP applying them bucket by
  * bucket), or takes them back with owner NULL. release(owner) runs when the
  * optimizer is freed first. DG_ESTATE (message in err) when another owner

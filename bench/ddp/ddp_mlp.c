@@ -4,7 +4,7 @@
  *
  *   ddp_mlp [--nproc W] [--ddp 0|1] [--batch B] [--threads T] [--steps S]
  *           [--warmup N] [--bucket-mib X] [--first-mib X] [--comm f32|fp16|bf16]
- *           [--no-overlap] [--overlap-fwd] [--no-join] [--layers 784,512,256,10]
+ *           [--no-overlap] [--overlap-fwd [--no-shard]] [--no-join] [--layers 784,512,256,10]
  *           [--parts] [--ring] [--label TEXT] [--trace FILE]
  *
  * --trace FILE records the timeline (dgrad/trace.h) on every rank for the
@@ -67,7 +67,7 @@
 #define MAXL 32
 
 typedef struct {
-  int nproc, ddp, threads, no_overlap, overlap_fwd, no_join, parts, nl, ring;
+  int nproc, ddp, threads, no_overlap, overlap_fwd, no_shard, no_join, parts, nl, ring;
   long batch, steps, warmup;
   double bucket_mib, first_mib;
   const char *comm, *label, *trace;
@@ -323,6 +323,7 @@ static int rank_main(int r, const bopts *o, const char *dir) {
              : !strcmp(o->comm, "bf16") ? DG_DDP_COMM_BF16 : DG_DDP_COMM_F32;
     d.no_overlap = o->no_overlap;
     d.no_join = o->no_join;
+    d.shard_update = o->no_shard ? -1 : 0;
     const char *e = getenv("DG_DDP_SHM_INLINE"); /* "1": no engine thread, "0": one */
     if (e && (*e == '0' || *e == '1')) d.engine_thread = *e == '1' ? -1 : 1;
     char err[512];
@@ -405,6 +406,7 @@ static int parse(bopts *o, int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--no-overlap")) o->no_overlap = 1;
     else if (!strcmp(a, "--overlap-fwd")) o->overlap_fwd = 1;
+    else if (!strcmp(a, "--no-shard")) o->no_shard = 1; /* with --overlap-fwd */
     else if (!strcmp(a, "--no-join")) o->no_join = 1;
     else if (!strcmp(a, "--parts")) o->parts = 1;
     else if (!strcmp(a, "--ring")) o->ring = 1; /* sockets even between local ranks */
@@ -436,7 +438,7 @@ int main(int argc, char **argv) {
   if (parse(&o, argc, argv)) {
     fprintf(stderr, "usage: %s [--nproc W] [--ddp 0|1] [--batch B] [--threads T] [--steps S] "
             "[--warmup N] [--bucket-mib X] [--first-mib X] [--comm f32|fp16|bf16] "
-            "[--no-overlap] [--overlap-fwd] [--no-join] [--parts] [--layers a,b,..] [--label L] "
+            "[--no-overlap] [--overlap-fwd] [--no-shard] [--no-join] [--parts] [--layers a,b,..] [--label L] "
             "[--trace FILE]\n", argv[0]);
     return 2;
   }

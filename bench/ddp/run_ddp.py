@@ -136,6 +136,9 @@ def scaling(a, exe):
         "dgrad_1_ddp": [exe, "--ddp", "1"] + st,
         "dgrad_2_indep": ("pair", [exe, "--ddp", "0"] + st),
         "dgrad_2_ddp": [exe, "--nproc", "2"] + st,
+        # the update overlapped with the next forward and sharded over the
+        # ranks (dg_ddp_overlap_optimizer; see ddp.h "The sharded update")
+        "dgrad_2_ddp_fwd": [exe, "--nproc", "2", "--overlap-fwd"] + st,
         "dgrad_2_ddp_nojoin": [exe, "--nproc", "2", "--no-join"] + st,
         "dgrad_2_ddp_ucx": ([exe, "--nproc", "2"] + st, {"DG_BACKEND": "ucx"}),
         "dgrad_2_ddp_noshm": ([exe, "--nproc", "2"] + st, {"DG_SHM": "0"}),
@@ -161,6 +164,7 @@ def scaling(a, exe):
     summary({"part": "scaling", "runs": a.runs, "median_samples_per_s": m, "median_step_ms": ms,
              "dgrad_scaling_eff": m["dgrad_2_ddp"] / (2 * m["dgrad_1_noddp"]),
              "indep_eff": m["dgrad_2_indep"] / (2 * m["dgrad_1_noddp"]),
+             "dgrad_scaling_eff_fwd": m["dgrad_2_ddp_fwd"] / (2 * m["dgrad_1_noddp"]),
              "dgrad_scaling_eff_nojoin": m["dgrad_2_ddp_nojoin"] / (2 * m["dgrad_1_noddp"]),
              "dgrad_scaling_eff_ucx": m["dgrad_2_ddp_ucx"] / (2 * m["dgrad_1_noddp"]),
              "dgrad_scaling_eff_noshm": m["dgrad_2_ddp_noshm"] / (2 * m["dgrad_1_noddp"]),

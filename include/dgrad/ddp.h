@@ -101,6 +101,33 @@
  * and reports a failure (a dead peer then fails the op that reads a
  * parameter, naming the rank). dg_ddp_free and dg_ddp_join apply it too.
  *
+ * The sharded update. In overlap mode, between ranks of one host on the
+ * shared gradient segment (the built-in f32 reduction), with SGD or AdamW
+ * without parameter groups and the same settings on every rank, the update
+ * is sharded from the second step on (opts.shard_update -1 turns it off):
+ * the parameter values and the optimizer's state move into the segment,
+ * one copy for all ranks, and whichever rank averages a block of a bucket
+ * applies the update to that block there, straight from the average in
+ * cache. No rank repeats the others' update, and a rank waiting for a late
+ * peer takes over the peer's share of it with its share of the averaging.
+ * The result is bit for bit that of every rank updating all of its own
+ * copy. What changes for the program:
+ *   - pointers into the values or the state (dg_params_data,
+ *     dg_tensor_data, dg_optim_state_get) move at the first step and back
+ *     at dg_ddp_free: take them again after either;
+ *   - after an update, dg_params_grad holds this rank's own gradients (the
+ *     average went into the update, not into the gradients);
+ *   - the optimizer stays attached until dg_ddp_free
+ *     (dg_ddp_overlap_optimizer with another one is DG_ESTATE); free the
+ *     DDP before the optimizer (freed first, it takes a copy of its state
+ *     back, and this rank's next step fails, naming the cause);
+ *   - the learning rate of an update is the one in force when its
+ *     backward began;
+ *   - a value written on one rank is written on all (they are one copy).
+ * dg_ddp_stats.sharded says whether it is on. The shared copy and the
+ * private copies kept for dg_ddp_free cost (1 + state buffers) x the
+ * parameter bytes of shared memory per host.
+ *
  * Threads. A dg_ddp is used by the thread that runs backward on its ctx (in
  * overlap mode also by the next forward's); its all-reduces run in the
  * group's worker thread, and, between ranks on one host, in that thread too
@@ -196,6 +223,11 @@ typedef struct {
    * differ. Example and benchmark programs read DG_DDP_SHM_INLINE (1: -1,
    * 0: 1) into it. */
   int engine_thread;
+  /* Overlap mode on the shared segment (see "The sharded update"): 0
+   * shards the optimizer's update over the ranks where it applies; -1
+   * never (every rank updates all of its own copy). Ranks may differ: the
+   * update is sharded only when all agree. */
+  int shard_update;
 } dg_ddp_opts;
 
 /* All defaults (zeros). */
@@ -257,6 +289,8 @@ typedef struct {
   double bytes_reduced;   /* f32 gradient bytes put through hooks */
   int64_t peer_blocks;    /* shared segment: blocks of peers' share of the
                              averaging this rank did while waiting for them */
+  int sharded;            /* 1: the update is sharded (one shared copy of the
+                             values and the optimizer state) */
 } dg_ddp_stats;
 
 DG_API int dg_ddp_get_stats(const dg_ddp *ddp, dg_ddp_stats *out);

@@ -31,6 +31,7 @@ static const dg_link_model *du_link;
 /* A process group for rank r of W over the FileStore in du_dir, with the
  * switches of the environment (DG_BACKEND, DG_SHM, ...: the meson cases
  * set them). */
+static const char *du_group; /* the group's store prefix (NULL: torch's default) */
 static inline int du_pg(int r, int W, dg_store **st, dg_pg **pg) {
   int rc = dg_store_new_file(st, du_dir, 30000, NULL, 0);
   if (rc) return rc;
@@ -41,6 +42,7 @@ static inline int du_pg(int r, int W, dg_store **st, dg_pg **pg) {
   o.store = *st;
   o.timeout_ms = 20000;
   o.link = du_link;
+  o.group_name = du_group;
   dg_pg_opts_from_env(&o);
   char err[256];
   rc = dg_pg_new(pg, &o, err, sizeof err);

@@ -28,7 +28,16 @@
 typedef struct {
   const char *optim, *mode, *comm, *caps;
   int K, fwd;
+  int noshard; /* dg_ddp_opts.shard_update = -1 (rank_main's second run) */
 } cfg;
+
+/* Whether the update should be sharded: overlap mode on the shared segment
+ * (f32, DG_SHM not 0) with SGD or AdamW, more than one rank. */
+static int shards(const cfg *c, int W) {
+  const char *e = getenv("DG_SHM");
+  return c->fwd && !c->noshard && W > 1 && !strcmp(c->comm, "f32") && !(e && !strcmp(e, "0")) &&
+         (!strcmp(c->optim, "sgd") || !strcmp(c->optim, "adamw"));
+}
 
 /* fwd: the rate of step s (the same schedule in the reference). */
 static void schedule(const cfg *c, dg_optim *o, float base, int s) {
@@ -56,6 +65,7 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
            : !strcmp(c->comm, "bf16") ? DG_DDP_COMM_BF16 : DG_DDP_COMM_F32;
   int manual = !strcmp(c->mode, "nosync");
   o.accum_steps = manual ? 1 : c->K;
+  o.shard_update = c->noshard ? -1 : 0;
   char err[512];
   if (dg_ddp_new(&ddp, ctx, m->ps, pg, &o, err, sizeof err)) {
     fprintf(stderr, "rank %d: ddp_new: %s\n", r, err);
@@ -102,6 +112,16 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
   CHECK_EQ_INT(sts.rebuilt, W > 1); /* one rank: nothing to exchange or rebuild */
   if (!strcmp(c->caps, "small")) CHECK(sts.nbuckets >= 3);
   else CHECK_EQ_INT(sts.nbuckets, 1);
+  CHECK_EQ_INT(sts.sharded, shards(c, W));
+  if (sts.sharded) { /* the sharded optimizer stays with its DDP */
+    dg_optim *other = NULL;
+    CHECK_OK(du_optim(c->optim, m->ps, &other));
+    CHECK_EQ_INT(dg_ddp_overlap_optimizer(ddp, other), DG_ESTATE);
+    CHECK_STR_HAS(dg_ddp_errmsg(ddp), "sharded");
+    CHECK_EQ_INT(dg_ddp_overlap_optimizer(ddp, NULL), DG_ESTATE);
+    CHECK_OK(dg_ddp_overlap_optimizer(ddp, opt)); /* the same one: nothing to do */
+    dg_optim_free(other);
+  }
   /* every update after the first (which precedes the rebuild) is deferred */
   CHECK_EQ_INT(sts.overlapped_steps, c->fwd && W > 1 ? STEPS - 1 : 0);
   /* The last update is still pending. With accumulation the optimizer is
@@ -136,6 +156,8 @@ static int run_ddp(int r, int W, const cfg *c, du_mlp *m) {
   if (seen) CHECK(memcmp(seen, dg_tensor_data(m->w1), n * sizeof *seen) == 0);
   if (conv) CHECK(memcmp(conv, dg_tensor_data(m->w1), n * sizeof *conv) == 0);
   free(conv);
+  /* the state moved back out of the shared segment: ask again */
+  if (state) CHECK_OK(dg_optim_state_get(opt, 0, NULL, &st0, &ns));
   if (state) CHECK(memcmp(state, st0, ns * sizeof *state) == 0);
   free(seen);
   free(state);
@@ -177,6 +199,18 @@ static int rank_main(int r, int W, void *arg) {
           c->optim, c->K, c->mode, c->comm, c->caps, c->fwd ? " fwd" : "", rel, bound(c));
   CHECK(rel <= bound(c));
   if (strcmp(c->comm, "f32")) CHECK(rel > 0); /* compression must actually round */
+  if (shards(c, W)) { /* sharded: bit for bit what every rank updating all gives */
+    cfg c2 = *c;
+    c2.noshard = 1;
+    du_mlp e;
+    du_group = "noshard"; /* a second group in the same store */
+    if ((rc = run_ddp(r, W, &c2, &e))) return rc;
+    size_t n1 = 0, n2 = 0;
+    const float *a = dg_params_data(d.ps, &n1), *b = dg_params_data(e.ps, &n2);
+    CHECK_EQ_INT((long long)n1, (long long)n2);
+    CHECK(n1 == n2 && memcmp(a, b, n1 * sizeof *a) == 0);
+    dg_params_free(e.ps);
+  }
   dg_params_free(d.ps);
   dg_params_free(ref.ps);
   return dg_test_failures ? 1 : 0;
@@ -188,7 +222,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   int W = atoi(argv[1]);
-  cfg c = {argv[2], argv[4], argv[5], argv[6], atoi(argv[3]), argc == 8};
+  cfg c = {argv[2], argv[4], argv[5], argv[6], atoi(argv[3]), argc == 8, 0};
   REQUIRE(W >= 1 && W <= 8 && c.K >= 1);
   du_link = simlink_from_env(); /* the simlink cases: DG_SIM_LINK_GBIT */
   CHECK_EQ_INT(du_run(W, rank_main, &c, 60, NULL), 0);
