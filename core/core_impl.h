@@ -234,6 +234,7 @@ struct dg_params {
   float **companions; /* buffers laid out like data (optimizer state) */
   int ncompanions;
   int grad_lent;      /* grad is someone else's memory (DDP's shared segment) */
+  int data_lent;      /* data is one copy shared by a DDP's ranks (sharded update) */
   /* The pending writer of parameters flagged DG_TF_PENDING: writer(user,
    * ps, i, ..) brings parameter i up to date, i = DG__SETTLE_ALL every
    * parameter, DG__SETTLE_BACKWARD every parameter before a backward writes
@@ -394,9 +395,10 @@ int dg__params_lend_grad(dg_params *ps, float *buf);
 /* Points the flat value buffer at `buf` (at least used_total floats, the
  * values already copied in by the caller; DDP's shared segment while the
  * update is sharded) and returns the previous buffer, which the caller
- * keeps and swaps back before the store is freed. Views follow. Only while the gradients are lent too, so
+ * keeps and swaps back before the store is freed; `lent` marks the values
+ * shared (dg_optim_step of another optimizer is refused). Views follow. Only while the gradients are lent too, so
  * no parameter can be added meanwhile. */
-float *dg__params_swap_data(dg_params *ps, float *buf);
+float *dg__params_swap_data(dg_params *ps, float *buf, int lent);
 /* 1 when t takes a gradient. */
 static inline int dg__wants_grad(const dg_tensor *t) {
   return t && (t->flags & DG_TF_REQUIRES_GRAD);

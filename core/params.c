@@ -309,9 +309,10 @@ int dg__params_lend_grad(dg_params *ps, float *buf) {
   return DG_OK;
 }
 
-float *dg__params_swap_data(dg_params *ps, float *buf) {
+float *dg__params_swap_data(dg_params *ps, float *buf, int lent) {
   float *old = ps->data;
   ps->data = buf;
+  ps->data_lent = lent;
   for (int i = 0; i < ps->n; i++) {
     ps->t[i]->data = buf + ps->offset[i];
     if (ps->t[i]->flags & DG_TF_PENDING) dg__param_set_pending(ps, i, 1); /* (re-poisons) */

@@ -329,7 +329,15 @@ static int final_sync(dg_ddp *d) {
   dg_work_free(w);
   if (rc) return rc;
   int root = d->world - 1 - (int)(key % d->world);
-  return dg__ddp_broadcast_state(d, root, 0);
+  if ((rc = dg__ddp_broadcast_state(d, root, 0)) || !d->shard) return rc;
+  /* one shared optimizer state, last updated at the root's step: every rank
+   * takes its step count with it (bias corrections, a checkpoint) */
+  int64_t step = d->opt ? dg_optim_step_count(d->opt) : 0;
+  if ((rc = dg_pg_broadcast_sync(d->pg, &step, 1, DG_I64, root)))
+    return dg__ddp_fail(d, rc, "ddp_join: rank %d: broadcast of the optimizer's step count "
+                        "from rank %d failed: %s", d->rank, root, dg_pg_errmsg(d->pg));
+  if (d->opt) (void)dg_optim_set_step(d->opt, step);
+  return DG_OK;
 }
 
 int dg_ddp_join(dg_ddp *d) {

@@ -79,11 +79,12 @@ typedef struct {
   int engine_thread;  /* 1: an engine task in the group's worker per round */
   dg_work *engine;    /* this round's engine */
   int64_t peer_blocks; /* peers' blocks this rank averaged (dg_ddp_stats) */
-  /* the sharded update: after the ranks' gradients, 1 + DG_OPTIM_MAX_STATE
-   * buffers of the same stride (the values, then the optimizer's state),
-   * one copy for all ranks; per-rank update words before the gradients */
+  /* the sharded update: per-rank update words before the gradients; the
+   * values, then the optimizer's state, one copy for all ranks, in a
+   * mapping of their own made when the ranks start sharing (shm_share) */
   upd_desc *desc;      /* (W * 2) */
   unsigned char *shared;
+  size_t shared_len;
   struct dg_optim *opt; /* this rank's optimizer while it updates the shared copy */
   int no_join;
 } seg;
@@ -125,6 +126,7 @@ static upd_desc *desc_of(seg *s, int r) { return &s->desc[r * 2 + (s->gen & 1)];
 static void seg_free(seg *s) {
   if (!s) return;
   if (s->base) munmap(s->base, s->len);
+  if (s->shared) munmap(s->shared, s->shared_len);
   dg__free(s->off);
   dg__free(s->posted);
   dg__free(s);
@@ -141,9 +143,7 @@ static int seg_new(dg_pg *pg, size_t nfloat, int nbmax, seg **out) {
               2 * line_up((size_t)nbmax * sizeof(int64_t));
   size_t ctl = page_up(sizeof(grad_hdr) + (size_t)W * cs);
   size_t dsc = page_up((size_t)W * 2 * sizeof(upd_desc));
-  /* the shared values and state cost nothing until touched (shared memory
-   * is allocated by the page) */
-  size_t len = ctl + dsc + (size_t)(W + 1 + DG_OPTIM_MAX_STATE) * stride;
+  size_t len = ctl + dsc + (size_t)W * stride;
   void *p = NULL;
   int rc = dg__shm_map(pg, len, &p);
   if (rc != DG_OK || !p) return rc;
@@ -154,7 +154,6 @@ static int seg_new(dg_pg *pg, size_t nfloat, int nbmax, seg **out) {
                .ctl = (unsigned char *)p + sizeof(grad_hdr), .ctl_stride = cs,
                .desc = (upd_desc *)((unsigned char *)p + ctl),
                .data = (unsigned char *)p + ctl + dsc};
-    s->shared = s->data + (size_t)W * stride;
     s->off = dg__calloc((size_t)nbmax * 3, sizeof *s->off);
     s->posted = dg__calloc((size_t)nbmax, sizeof *s->posted);
   }
@@ -550,15 +549,30 @@ static int shm_share(dg_ddp *d) {
   seg *s = d->red_state;
   dg_optim *o = d->opt;
   size_t bytes = d->ps->used_total * sizeof(float);
-  if (s->rank == 0) {
-    memcpy(shared_of(s, 0), d->ps->data, bytes);
-    for (int k = 0; k < o->nstate; k++) memcpy(shared_of(s, 1 + k), o->state[k], bytes);
+  void *p = NULL;
+  size_t len = (size_t)(1 + o->nstate) * s->stride; /* nstate is agreed (fingerprint) */
+  int rc = dg__shm_map(d->pg, len, &p);
+  if (!rc && p && s->rank == 0) {
+    memcpy(p, d->ps->data, bytes);
+    for (int k = 0; k < o->nstate; k++)
+      memcpy((unsigned char *)p + (size_t)(1 + k) * s->stride, o->state[k], bytes);
   }
-  int64_t ok = 1;
-  int rc = dg_pg_allreduce_sync(d->pg, &ok, 1, DG_I64, DG_RED_MIN);
-  if (rc) return dg__ddp_fail(d, rc, "ddp: rank %d: sharing the update over the ranks failed: "
-                              "%s", d->rank, dg_pg_errmsg(d->pg));
-  d->priv_data = dg__params_swap_data(d->ps, shared_of(s, 0));
+  int64_t ok = p != NULL; /* every rank mapped it (and rank 0 filled it) or none shares */
+  if (!rc) rc = dg_pg_allreduce_sync(d->pg, &ok, 1, DG_I64, DG_RED_MIN);
+  if (rc) {
+    if (p) munmap(p, len);
+    return dg__ddp_fail(d, rc, "ddp: rank %d: sharing the update over the ranks failed: %s",
+                        d->rank, dg_pg_errmsg(d->pg));
+  }
+  if (!ok) { /* (no shared memory for it: every rank updates its own copy, as before) */
+    if (p) munmap(p, len);
+    DG_LOGI("ddp: rank %d: no shared memory for a copy of the values and the optimizer "
+            "state (%zu bytes): the update is not sharded", d->rank, len);
+    return DG_OK;
+  }
+  s->shared = p;
+  s->shared_len = len;
+  d->priv_data = dg__params_swap_data(d->ps, shared_of(s, 0), 1);
   for (int k = 0; k < o->nstate; k++) d->priv_state[k] = dg__optim_swap_state(o, k, shared_of(s, 1 + k));
   s->opt = o;
   d->shard = 1;
@@ -584,7 +598,7 @@ static void shm_free(dg_ddp *d) {
   shm_unshare_state(d);
   if (d->shard) {
     memcpy(d->priv_data, d->ps->data, d->ps->used_total * sizeof(float));
-    (void)dg__params_swap_data(d->ps, d->priv_data);
+    (void)dg__params_swap_data(d->ps, d->priv_data, 0);
     d->shard = 0;
   }
   if (dg__params_lend_grad(d->ps, NULL) != DG_OK)

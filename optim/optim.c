@@ -129,6 +129,11 @@ int dg_optim_step(dg_optim *o) {
                           "(dg_ddp_overlap_optimizer); dg_ddp_step_ready is 0 for it", o->name);
   if (o->ps->step_block[0])
     return dg__optim_fail(o, DG_ESTATE, "optim_step(%s): %s", o->name, o->ps->step_block);
+  if (o->ps->data_lent)
+    return dg__optim_fail(o, DG_ESTATE, "optim_step(%s): the store's values are one copy "
+                          "shared by the ranks of a DDP that shards its optimizer's update "
+                          "(dg_ddp_overlap_optimizer): a step here would be applied once per "
+                          "rank", o->name);
   size_t n;
   float *w = dg_params_data(o->ps, &n); /* lands a pending update; reads no gradient */
   if (!store_unchanged(o, n)) return DG_ESTATE;

@@ -71,7 +71,8 @@
  * Every rank calls dg_ddp_join once, after its last step. When all have
  * joined, parameter values (and the store's buffers) are broadcast from a
  * rank that trained longest,
- * so every rank ends with the same model (optimizer state is not synced).
+ * so every rank ends with the same model (optimizer state is not synced,
+ * except that a sharded update keeps one: see "The sharded update").
  * opts.no_join = 1 drops the per-step count for groups known to be even;
  * dg_ddp_join then returns DG_ESTATE.
  *
@@ -104,7 +105,9 @@
  * The sharded update. In overlap mode, between ranks of one host on the
  * shared gradient segment (the built-in f32 reduction), with SGD or AdamW
  * without parameter groups and the same settings on every rank, the update
- * is sharded from the second step on (opts.shard_update -1 turns it off):
+ * is sharded from the second step on (opts.shard_update -1 turns it off;
+ * the ranks decide in their first synchronising step, so hand the optimizer
+ * over before it; with static_buckets it stays off):
  * the parameter values and the optimizer's state move into the segment,
  * one copy for all ranks, and whichever rank averages a block of a bucket
  * applies the update to that block there, straight from the average in
@@ -118,15 +121,21 @@
  *   - after an update, dg_params_grad holds this rank's own gradients (the
  *     average went into the update, not into the gradients);
  *   - the optimizer stays attached until dg_ddp_free
- *     (dg_ddp_overlap_optimizer with another one is DG_ESTATE); free the
- *     DDP before the optimizer (freed first, it takes a copy of its state
- *     back, and this rank's next step fails, naming the cause);
+ *     (dg_ddp_overlap_optimizer with another one is DG_ESTATE), and gets no
+ *     parameter groups; free the DDP before the optimizer (freed first, it
+ *     takes a copy of its state back, and the next step fails on every
+ *     rank with data, naming the cause); dg_optim_step of another
+ *     optimizer on the store is DG_ESTATE (it would run once per rank);
+ *   - after dg_ddp_join, every rank's optimizer takes the step count of
+ *     the rank that trained longest (their state is one);
  *   - the learning rate of an update is the one in force when its
  *     backward began;
  *   - a value written on one rank is written on all (they are one copy).
- * dg_ddp_stats.sharded says whether it is on. The shared copy and the
- * private copies kept for dg_ddp_free cost (1 + state buffers) x the
- * parameter bytes of shared memory per host.
+ * dg_ddp_stats.sharded says whether it is on (the values shared). The
+ * shared copy takes (1 + state buffers) x the parameter bytes of shared
+ * memory per host, mapped when sharding starts (without room for it, the
+ * update is not sharded); each rank keeps its private buffers meanwhile,
+ * for dg_ddp_free.
  *
  * Threads. A dg_ddp is used by the thread that runs backward on its ctx (in
  * overlap mode also by the next forward's); its all-reduces run in the

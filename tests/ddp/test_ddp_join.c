@@ -94,6 +94,10 @@ static int train(int r, const cfg *c, du_mlp *m, double *elapsed_ms) {
   CHECK_EQ_INT(sts.sync_steps, k_batches[r]);
   CHECK_EQ_INT(sts.shadow_steps, k_batches[0] - k_batches[r]);
   CHECK_EQ_INT(sts.overlapped_steps, c->fwd ? k_batches[r] - 1 : 0);
+  /* a sharded update keeps one optimizer state: each rank's step count
+   * follows it to the longest run's (else each counts its own steps) */
+  if (sts.sharded) CHECK_EQ_INT(dg_optim_step_count(opt), k_batches[0]);
+  else CHECK_EQ_INT(dg_optim_step_count(opt), k_batches[r]);
   dg_ddp_free(ddp);
   dg_optim_free(opt);
   dg_ctx_free(ctx);

@@ -96,6 +96,13 @@ static int run_misuse(int r, const cfg *c) {
   dg_ddp_stats sts;
   CHECK_OK(dg_ddp_get_stats(ddp, &sts));
   CHECK_EQ_INT(sts.sharded, 1);
+  { /* another optimizer on the shared values would update them once per rank */
+    dg_optim *other = NULL;
+    CHECK_OK(du_optim("sgd", m.ps, &other));
+    CHECK_EQ_INT(dg_optim_step(other), DG_ESTATE);
+    CHECK_STR_HAS(dg_optim_errmsg(other), "once per rank");
+    dg_optim_free(other);
+  }
   const char *want;
   if (!strcmp(c->mode, "groups")) {
     CHECK_EQ_INT(dg_optim_set_group(opt, dg_param_filter_1d, NULL, 0.0f, 0.5f), 2); /* the biases */
