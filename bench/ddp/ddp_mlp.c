@@ -4,13 +4,14 @@
  *
  *   ddp_mlp [--nproc W] [--ddp 0|1] [--batch B] [--threads T] [--steps S]
  *           [--warmup N] [--bucket-mib X] [--first-mib X] [--comm f32|fp16|bf16]
- *           [--no-overlap] [--overlap-fwd [--no-shard]] [--no-join] [--layers 784,512,256,10]
+ *           [--no-overlap] [--overlap-fwd [--no-shard]] [--optim sgd|adamw] [--no-join] [--layers 784,512,256,10]
  *           [--parts] [--ring] [--label TEXT] [--trace FILE]
  *
  * --trace FILE records the timeline (dgrad/trace.h) on every rank for the
  * whole run and writes FILE.rank<R> at the end: the overhead of tracing is
  * this run's step_ms against one without the flag.
- * The update is SGD (lr 0.01) through dg_optim, then dg_params_zero_grad.
+ * The update is SGD (lr 0.01; --optim adamw: AdamW with its defaults)
+ * through dg_optim, then dg_params_zero_grad.
  * --overlap-fwd hands it to DDP (dg_ddp_overlap_optimizer): each bucket's
  * update lands when the next forward reads it, so the all-reduce overlaps
  * the next forward as well as backward.
@@ -70,7 +71,7 @@ typedef struct {
   int nproc, ddp, threads, no_overlap, overlap_fwd, no_shard, no_join, parts, nl, ring;
   long batch, steps, warmup;
   double bucket_mib, first_mib;
-  const char *comm, *label, *trace;
+  const char *comm, *label, *trace, *optim;
   int64_t dims[MAXL + 1];
 } bopts;
 
@@ -307,8 +308,11 @@ static int rank_main(int r, const bopts *o, const char *dir) {
   if (o->ddp && make_pg(r, o, dir, &st, &pg)) return 10;
   dg_sgd_opts so = dg_sgd_defaults();
   so.lr = 0.01f;
+  dg_adamw_opts ao = dg_adamw_defaults();
+  int adam = !strcmp(o->optim, "adamw");
   if (mlp_init(&m, o) || dg_ctx_new(&ctx, NULL) || dg_ctx_new(&ctx2, NULL) ||
-      dg_optim_new_sgd(&opt, m.ps, &so, NULL, 0) || dg_optim_new_sgd(&opt2, m.ps, &so, NULL, 0))
+      (adam ? dg_optim_new_adamw(&opt, m.ps, &ao, NULL, 0) || dg_optim_new_adamw(&opt2, m.ps, &ao, NULL, 0)
+            : dg_optim_new_sgd(&opt, m.ps, &so, NULL, 0) || dg_optim_new_sgd(&opt2, m.ps, &so, NULL, 0)))
     return 11;
   size_t nx = (size_t)o->batch * (size_t)o->dims[0];
   float *x = malloc(nx * sizeof *x);
@@ -400,7 +404,7 @@ static int parse_layers(bopts *o, const char *s) {
 
 static int parse(bopts *o, int argc, char **argv) {
   *o = (bopts){.nproc = 1, .ddp = 1, .threads = 1, .batch = 64, .steps = 200, .warmup = 20,
-               .bucket_mib = 25, .first_mib = 1, .comm = "f32", .label = ""};
+               .bucket_mib = 25, .first_mib = 1, .comm = "f32", .label = "", .optim = "sgd"};
   parse_layers(o, "784,512,256,10");
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -421,6 +425,7 @@ static int parse(bopts *o, int argc, char **argv) {
     else if (!strcmp(a, "--first-mib")) o->first_mib = atof(v), i++;
     else if (!strcmp(a, "--comm")) o->comm = v, i++;
     else if (!strcmp(a, "--label")) o->label = v, i++;
+    else if (!strcmp(a, "--optim")) o->optim = v, i++; /* sgd (default) | adamw */
     else if (!strcmp(a, "--trace")) o->trace = v, i++;
     else if (!strcmp(a, "--layers")) {
       if (parse_layers(o, v)) return -1;
@@ -429,6 +434,7 @@ static int parse(bopts *o, int argc, char **argv) {
   }
   if (o->nproc < 1 || o->nproc > 64 || o->batch < 1 || o->steps < 1) return -1;
   if (!o->ddp && o->nproc != 1) return -1;
+  if (strcmp(o->optim, "sgd") && strcmp(o->optim, "adamw")) return -1;
   if (o->warmup < 3) o->warmup = 3;
   return 0;
 }
@@ -438,7 +444,7 @@ int main(int argc, char **argv) {
   if (parse(&o, argc, argv)) {
     fprintf(stderr, "usage: %s [--nproc W] [--ddp 0|1] [--batch B] [--threads T] [--steps S] "
             "[--warmup N] [--bucket-mib X] [--first-mib X] [--comm f32|fp16|bf16] "
-            "[--no-overlap] [--overlap-fwd] [--no-shard] [--no-join] [--parts] [--layers a,b,..] [--label L] "
+            "[--no-overlap] [--overlap-fwd] [--no-shard] [--optim sgd|adamw] [--no-join] [--parts] [--layers a,b,..] [--label L] "
             "[--trace FILE]\n", argv[0]);
     return 2;
   }
