@@ -205,8 +205,24 @@ static int32_t seg_count(seg *s) {
 
 /* out = average over ranks (in rank order) of [o, o + n) of every buffer,
  * written to every buffer, a tile at a time through L1. */
+/* tile = average over ranks (in rank order) of [o, o + k) of every buffer
+ * (k <= RED_TILE): the one definition of a block's average, whoever
+ * computes it and wherever it goes. */
+static void avg_tile(seg *s, size_t o, size_t k, float *tile) {
+  if (s->W == 2) {
+    const float *a = grad_of(s, 0) + o, *b = grad_of(s, 1) + o;
+    for (size_t i = 0; i < k; i++) tile[i] = (a[i] + b[i]) * 0.5f;
+    return;
+  }
+  memcpy(tile, grad_of(s, 0) + o, k * sizeof(float));
+  for (int p = 1; p < s->W; p++) {
+    if (p == s->W - 1) dg__reduce_avg_last(tile, grad_of(s, p) + o, k, DG_F32, s->W);
+    else dg__reduce(tile, grad_of(s, p) + o, k, DG_F32, DG_RED_SUM);
+  }
+}
+
 static void grad_block(seg *s, size_t o, size_t n) {
-  if (s->W == 2) { /* one pass: read both, write both */
+  if (s->W == 2) { /* one pass: read both, write both (avg_tile's sum, in place) */
     float *restrict a = grad_of(s, 0) + o, *restrict b = grad_of(s, 1) + o;
     for (size_t i = 0; i < n; i++) a[i] = b[i] = (a[i] + b[i]) * 0.5f;
     return;
@@ -214,11 +230,7 @@ static void grad_block(seg *s, size_t o, size_t n) {
   float tile[RED_TILE];
   for (size_t t = 0; t < n; t += RED_TILE) {
     size_t k = DG_MIN((size_t)RED_TILE, n - t);
-    memcpy(tile, grad_of(s, 0) + o + t, k * sizeof(float));
-    for (int p = 1; p < s->W; p++) {
-      if (p == s->W - 1) dg__reduce_avg_last(tile, grad_of(s, p) + o + t, k, DG_F32, s->W);
-      else dg__reduce(tile, grad_of(s, p) + o + t, k, DG_F32, DG_RED_SUM);
-    }
+    avg_tile(s, o + t, k, tile);
     for (int p = 0; p < s->W; p++) memcpy(grad_of(s, p) + o + t, tile, k * sizeof(float));
   }
 }
@@ -251,16 +263,7 @@ static void fused_block(seg *s, const upd_desc *u, size_t o, size_t n) {
   float tile[RED_TILE];
   for (size_t t = 0; t < n; t += RED_TILE) {
     size_t k = DG_MIN((size_t)RED_TILE, n - t);
-    if (s->W == 2) {
-      const float *a = grad_of(s, 0) + o + t, *b = grad_of(s, 1) + o + t;
-      for (size_t i = 0; i < k; i++) tile[i] = (a[i] + b[i]) * 0.5f;
-    } else {
-      memcpy(tile, grad_of(s, 0) + o + t, k * sizeof(float));
-      for (int p = 1; p < s->W; p++) {
-        if (p == s->W - 1) dg__reduce_avg_last(tile, grad_of(s, p) + o + t, k, DG_F32, s->W);
-        else dg__reduce(tile, grad_of(s, p) + o + t, k, DG_F32, DG_RED_SUM);
-      }
-    }
+    avg_tile(s, o + t, k, tile);
     if (f != 1.0f)
       for (size_t i = 0; i < k; i++) tile[i] *= f;
     dg__optim_update_at(s->opt, u->lr, u->step, o + t, tile, k);

@@ -311,8 +311,10 @@ static int rank_main(int r, const bopts *o, const char *dir) {
   dg_adamw_opts ao = dg_adamw_defaults();
   int adam = !strcmp(o->optim, "adamw");
   if (mlp_init(&m, o) || dg_ctx_new(&ctx, NULL) || dg_ctx_new(&ctx2, NULL) ||
-      (adam ? dg_optim_new_adamw(&opt, m.ps, &ao, NULL, 0) || dg_optim_new_adamw(&opt2, m.ps, &ao, NULL, 0)
-            : dg_optim_new_sgd(&opt, m.ps, &so, NULL, 0) || dg_optim_new_sgd(&opt2, m.ps, &so, NULL, 0)))
+      (adam ? dg_optim_new_adamw(&opt, m.ps, &ao, NULL, 0) ||
+                  dg_optim_new_adamw(&opt2, m.ps, &ao, NULL, 0)
+            : dg_optim_new_sgd(&opt, m.ps, &so, NULL, 0) ||
+                  dg_optim_new_sgd(&opt2, m.ps, &so, NULL, 0)))
     return 11;
   size_t nx = (size_t)o->batch * (size_t)o->dims[0];
   float *x = malloc(nx * sizeof *x);
