@@ -1,6 +1,7 @@
 /* Row-major SGEMM: C(M,N) = alpha * op(A) op(B) + beta * C. OpenBLAS when the
  * build has it, else a plain blocked loop (correct, not fast). */
 #include <pthread.h>
+#include <string.h>
 
 #include "dgrad_config.h"
 #include "backends/cpu/cpu_impl.h"
@@ -50,9 +51,18 @@ static void sgemm1(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
  * them (column blocks of 64 B cost 10-15% against 128 B on one Xeon; rows
  * won by up to 20% on tall outputs, columns on short ones). So column blocks
  * are 128 B multiples, and each shape tries both splits on its first calls
- * (a training step repeats its shapes) and keeps the faster. Both compute
- * every element with the same kernel over the same K order: the choice
- * never changes a bit. */
+ * (a training step repeats its shapes) and keeps the faster.
+ *
+ * A split must not change a bit (the choice is a matter of timing, and a
+ * run must give the bits of the same run on one thread). Within one code
+ * path OpenBLAS computes every element with the same kernel over the same K
+ * order, but it takes other paths for small products (its small-matrix and
+ * direct kernels, which round differently): a 32x96x512 product's column
+ * halves differ from the whole. So before a shape is split, a probe runs the
+ * whole and each split on data of its own (zeros would agree on any path)
+ * and keeps only the splits that give the whole's bits; with none, the shape
+ * runs on one thread. Blocks of PROBE_MAX multiply-adds or more are past any
+ * such path and are not probed. */
 
 typedef struct {
   int ta, tb, by_cols, ntasks;
@@ -82,9 +92,14 @@ static void gemm_task(void *arg, int t) {
 #define COL_ALIGN 32    /* floats: 128 B, an adjacent-line prefetch pair */
 #define ROW_MIN 16      /* rows per task below which rows are not tried */
 
+#define PROBE_MAX 64e6          /* multiply-adds of a block: past OpenBLAS's small paths */
+#define PROBE_BYTES (64 << 20)  /* a probe's scratch at most; beyond, no split */
+
 typedef struct {
   int64_t M, N, K;
   int ta, tb, threads; /* threads 0: a free slot */
+  int ab;        /* alpha == 1 | (beta == 0) << 1: OpenBLAS's paths depend on them */
+  int ok[2];     /* rows, columns: the split gives the whole's bits (probed) */
   int tries[2];
   int pick;      /* -1 while trying, else 0 rows / 1 columns */
   int64_t ns[2]; /* fastest call seen: rows, columns */
@@ -93,22 +108,68 @@ typedef struct {
 static split_slot g_split[SPLIT_SLOTS];
 static pthread_mutex_t g_split_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* The split to run (0 rows, 1 columns) for a shape both can split, and the
- * slot to time it into (NULL: decided). Called with the lock held. */
-static int split_pick(const split_slot *shape, split_slot **timing) {
+static int64_t split_step(int64_t len, int threads, int cols) {
+  int64_t align = cols ? COL_ALIGN : 4;
+  return ((len + threads - 1) / threads + align - 1) / align * align;
+}
+
+/* Whether rows (cols 0) or columns split as split_step says give the bits of
+ * the whole, on a pattern of the probe's own; 0 without the memory. */
+static int split_probe(const split_slot *e, int cols, float alpha, float beta) {
+  int64_t M = e->M, N = e->N, K = e->K, len = cols ? N : M;
+  int64_t step = split_step(len, e->threads, cols);
+  if ((double)(cols ? M * step : step * N) * K >= PROBE_MAX) return 1;
+  size_t na = (size_t)(M * K), nb = (size_t)(K * N), nc = (size_t)(M * N);
+  if ((na + nb + 2 * nc) * sizeof(float) > PROBE_BYTES) return 0;
+  float *a = dg__malloc((na + nb + 2 * nc) * sizeof(float));
+  if (!a) return 0;
+  float *b = a + na, *c1 = b + nb, *c2 = c1 + nc;
+  uint32_t x = 2463534242u;
+  for (size_t i = 0; i < na + nb + nc; i++) { /* xorshift32 in [-1, 1) */
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    a[i] = (float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f;
+  }
+  memcpy(c2, c1, nc * sizeof(float));
+  int ta = e->ta, tb = e->tb;
+  int64_t lda = ta ? M : K, ldb = tb ? K : N;
+  sgemm1(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c1, N);
+  for (int64_t lo = 0; lo < len; lo += step) {
+    int64_t n = DG_MIN(step, len - lo);
+    if (cols)
+      sgemm1(ta, tb, M, n, K, alpha, a, lda, tb ? b + lo * ldb : b + lo, ldb, beta, c2 + lo, N);
+    else
+      sgemm1(ta, tb, n, N, K, alpha, ta ? a + lo : a + lo * lda, lda, b, ldb, beta, c2 + lo * N,
+             N);
+  }
+  int same = !memcmp(c1, c2, nc * sizeof(float));
+  dg__free(a);
+  return same;
+}
+
+/* The split to run (0 rows, 1 columns, -1 none: one thread) for a shape
+ * that can be split as can[] says, and the slot to time it into (NULL:
+ * decided). The first call probes the shape's splits. Called with the lock
+ * held. */
+static int split_pick(const split_slot *shape, const int can[2], float alpha, float beta,
+                      split_slot **timing) {
   *timing = NULL;
   uint64_t h = 1469598103934665603ULL; /* FNV-1a over the shape: the probe's start */
-  int64_t v[6] = {shape->M, shape->N, shape->K, shape->ta, shape->tb, shape->threads};
-  for (int i = 0; i < 6; i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ULL;
+  int64_t v[7] = {shape->M, shape->N, shape->K, shape->ta, shape->tb, shape->threads, shape->ab};
+  for (int i = 0; i < 7; i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ULL;
   split_slot *e = NULL;
   for (int i = 0; i < SPLIT_SLOTS && !e; i++) {
     split_slot *c = &g_split[(h + (uint64_t)i) % SPLIT_SLOTS];
     if (!c->threads || (c->M == shape->M && c->N == shape->N && c->K == shape->K &&
-                        c->ta == shape->ta && c->tb == shape->tb && c->threads == shape->threads))
+                        c->ta == shape->ta && c->tb == shape->tb &&
+                        c->threads == shape->threads && c->ab == shape->ab))
       e = c;
   }
-  if (!e) return 0;
-  if (!e->threads) *e = *shape;
+  if (!e) return -1; /* a table full of shapes: no probe, no split */
+  if (!e->threads) {
+    *e = *shape;
+    for (int cols = 0; cols < 2; cols++) e->ok[cols] = can[cols] && split_probe(e, cols, alpha, beta);
+  }
+  if (!e->ok[0] || !e->ok[1]) return e->ok[1] ? 1 : e->ok[0] ? 0 : -1;
   if (e->pick >= 0) return e->pick;
   *timing = e;
   return e->tries[0] > e->tries[1]; /* alternate, rows first */
@@ -128,19 +189,21 @@ void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, con
     sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  int can_rows = M >= (int64_t)threads * ROW_MIN, can_cols = N >= (int64_t)threads * COL_ALIGN;
-  if (!can_rows && !can_cols) can_cols = N >= M, can_rows = !can_cols;
+  int can[2] = {M >= (int64_t)threads * ROW_MIN, N >= (int64_t)threads * COL_ALIGN};
+  if (!can[0] && !can[1]) can[1] = N >= M, can[0] = !can[1];
   split_slot *timing = NULL;
-  int cols = can_cols;
-  if (can_rows && can_cols) {
-    split_slot shape = {M, N, K, ta, tb, threads, {0, 0}, -1, {INT64_MAX, INT64_MAX}};
-    pthread_mutex_lock(&g_split_mu);
-    cols = split_pick(&shape, &timing);
-    pthread_mutex_unlock(&g_split_mu);
+  split_slot shape = {M, N, K, ta, tb, threads, (alpha == 1.0f) | (beta == 0.0f) << 1,
+                      {0, 0}, {0, 0}, -1, {INT64_MAX, INT64_MAX}};
+  pthread_mutex_lock(&g_split_mu);
+  int cols = split_pick(&shape, can, alpha, beta, &timing);
+  pthread_mutex_unlock(&g_split_mu);
+  if (cols < 0) { /* no split gives the whole's bits */
+    sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
   }
   gemm_job j = {ta, tb, cols, threads, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C};
-  int64_t len = cols ? N : M, align = cols ? COL_ALIGN : 4;
-  j.step = ((len + threads - 1) / threads + align - 1) / align * align;
+  int64_t len = cols ? N : M;
+  j.step = split_step(len, threads, cols);
   j.ntasks = (int)((len + j.step - 1) / j.step);
   int64_t t0 = timing ? (int64_t)dg__trace_now() : 0;
   dg__parallel_for(j.ntasks, gemm_task, &j);

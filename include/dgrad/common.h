@@ -134,7 +134,10 @@ typedef void (*dg_free_fn)(void *ptr);
 DG_API int dg_set_allocator(dg_malloc_fn m, dg_realloc_fn r, dg_free_fn f);
 
 /* Threads used by compute kernels: dgrad's own pool splits large GEMMs and
- * element-wise loops (OpenBLAS itself always runs single-threaded). The
+ * element-wise loops (OpenBLAS itself always runs single-threaded), with
+ * the bits of one thread: a GEMM is split only in a way that a probe on the
+ * shape's first call showed gives them (OpenBLAS rounds some small blocks
+ * differently), else it runs on one thread. The
  * default is 1 thread unless the environment says otherwise: the first
  * kernel that asks (or dg_set_num_threads(n <= 0)) reads DG_NUM_THREADS,
  * or OMP_NUM_THREADS when DG_NUM_THREADS is unset; a value that is not a
