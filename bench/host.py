@@ -19,6 +19,7 @@ scheduler hands them the core as soon as they wake, as it would a neighbour.
     /usr/bin/python3 bench/host.py --burn CPU --share S --burst-ms B --seed N
         (one burner; what Load starts; runs until killed)
     /usr/bin/python3 bench/host.py --info     (CPU model, cores, steal so far)
+    core_rtt_ns(build_dir)  the cross-core round trip now (bench/corelat.c)
 """
 import argparse
 import json
@@ -62,6 +63,20 @@ def cpu_model():
 def cores():
     """Cores this process may run on (what the benchmarks get)."""
     return len(os.sched_getaffinity(0))
+
+
+def core_rtt_ns(build_dir):
+    """The cross-core round trip between the first two CPUs this process may
+    use, ns (bench/corelat.c: a cache line passed back and forth), or None
+    without the program or a second CPU. On a VM it moves as the host places
+    the virtual CPUs (55-90 ns sharing a cache, 300-350 ns across), and DDP's
+    ranks pay it on every line they exchange."""
+    exe = os.path.join(os.path.dirname(HERE), build_dir, "bench", "corelat")  # absolute wins
+    try:
+        p = subprocess.run([exe], capture_output=True, text=True, timeout=30)
+        return json.loads(p.stdout.strip().splitlines()[-1])["core_rtt_ns"]
+    except (OSError, ValueError, KeyError, IndexError, subprocess.TimeoutExpired):
+        return None
 
 
 def _bind_ok(port):

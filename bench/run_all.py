@@ -82,7 +82,7 @@ def commands(a, tmp):
 
 def executables(a):
     b = a.build_dir
-    return [os.path.join(b, "bench", p) for p in ("mlp", "gpt", "ddp/ddp_mlp",
+    return [os.path.join(b, "bench", p) for p in ("mlp", "gpt", "corelat", "ddp/ddp_mlp",
                                                    "dist/bench_allreduce")]
 
 
@@ -327,13 +327,24 @@ def table(rows, head, tail=()):
     return "\n".join(out + list(tail))
 
 
-def header(a, t0, steal, cmdline, measured, loadavg):
+def rtt_text(quiet, loaded):
+    """The cross-core round trips seen before the DDP runs (run_ddp.py)."""
+    out = []
+    for name, summ in (("quiet", quiet), ("under load", loaded)):
+        r = summ.get("core_rtt_ns")
+        if r:
+            out.append("%s %.0f-%.0f ns (median %.0f)" % (name, r[0], r[2], r[1]))
+    return ("; cross-core round trip before the DDP runs (bench/corelat.c; the host's "
+            "placement of the virtual CPUs): " + ", ".join(out)) if out else ""
+
+
+def header(a, t0, steal, cmdline, measured, loadavg, rtt=""):
     parts = ", ".join("%s %.1f s" % kv for kv in steal.items())
-    return ("%s, %d cores; %s; CPU steal %.1f s in all (%s); load average %.1f at the end; "
+    return ("%s, %d cores; %s; CPU steal %.1f s in all (%s)%s; load average %.1f at the end; "
             "background load: none, except %d%% of each core in the DDP-under-load rows "
             "(bench/host.py; the burners took %.1f%%). %d round%s%s. Command: `%s`." % (
                 cpu_model(), cores(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
-                sum(steal.values()), parts, loadavg, round(100 * a.load),
+                sum(steal.values()), parts, rtt, loadavg, round(100 * a.load),
                 100 * measured, a.runs,
                 "s" if a.runs > 1 else "", ", --quick (not for the record)" if a.quick else "",
                 cmdline))
@@ -419,7 +430,8 @@ def main():
     measured = summary_of(out["ddp_load"], "load").get("measured", NAN)
     tail = phase_lines(summary_of(out["ddp"], "scaling"), summary_of(out["ddp_load"], "scaling"),
                        a.load)
-    text = table(rows, header(a, t0, steal, cmdline, measured, loadavg), tail)
+    rtt = rtt_text(summary_of(out["ddp"], "scaling"), summary_of(out["ddp_load"], "scaling"))
+    text = table(rows, header(a, t0, steal, cmdline, measured, loadavg, rtt), tail)
     print("\n" + text)
     if a.write_md:
         write_md(a.write_md, text)

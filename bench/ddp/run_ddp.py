@@ -56,16 +56,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TORCH_PY = "/usr/bin/python3"
 sys.path.insert(0, os.path.dirname(HERE))
-from host import Load, steal_s  # noqa: E402
+from host import Load, core_rtt_ns, steal_s  # noqa: E402
 
 LOAD = {"share": 0.0}  # the background load of this invocation (--load)
+BUILD = {"dir": "build-ddp"}  # where bench/corelat is (--build-dir)
 
 
 def run(cmd, env=None):
     e = dict(os.environ)
     e["OPENBLAS_NUM_THREADS"] = "1"
     e.update(env or {})
-    s0 = steal_s()
+    s0, rtt = steal_s(), core_rtt_ns(BUILD["dir"])
     p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
     if p.returncode != 0:
         sys.stderr.write("failed (%d): %s\n%s\n" % (p.returncode, " ".join(cmd), p.stderr[-2000:]))
@@ -73,8 +74,17 @@ def run(cmd, env=None):
     rec = json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1])
     rec["load"] = LOAD["share"]
     rec["steal_s"] = round(steal_s() - s0, 2)
+    rec["core_rtt_ns"] = rtt
     print(json.dumps(rec), flush=True)
     return rec
+
+
+def rtt_range(res):
+    """min, median and max of the cross-core round trips seen before the
+    runs (ns), or None."""
+    v = [r["core_rtt_ns"] for rows in res.values() for r in rows
+         if r and r.get("core_rtt_ns") is not None]
+    return [min(v), statistics.median(v), max(v)] if v else None
 
 
 def run_pair(cmd):
@@ -173,6 +183,7 @@ def scaling(a, exe):
              "ddp_1rank_overhead": ms["dgrad_1_ddp"] / ms["dgrad_1_noddp"] - 1,
              "load": LOAD["share"], "steal_s": round(steal_s() - s0, 2),
              "spread": {k: spread(v) for k, v in res.items()},
+             "core_rtt_ns": rtt_range(res),
              "dgrad_2_ddp_phases": phases(res["dgrad_2_ddp"]),
              "dgrad_2_ddp_ucx_phases": phases(res["dgrad_2_ddp_ucx"])})
 
@@ -279,6 +290,7 @@ def main():
     except ValueError as e:
         sys.exit("run_ddp: --load: %s" % e)
     LOAD["share"] = a.load
+    BUILD["dir"] = os.path.join(ROOT, a.build_dir)
     with load:
         if a.trace:
             return trace_overhead(a, exe)

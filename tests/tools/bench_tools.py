@@ -89,6 +89,22 @@ for bad in (-0.1, 0.95):
         pass
 check(host.steal_s() >= 0, "steal_s")
 
+# the cross-core round trip: a positive number of ns with two CPUs, None on
+# one CPU or without the program (corelat prints null there)
+rtt = host.core_rtt_ns(build)
+if host.cores() >= 2:
+    check(isinstance(rtt, (int, float)) and rtt > 0, "core_rtt_ns: %r" % (rtt,))
+check(host.core_rtt_ns("/nonexistent-build") is None, "core_rtt_ns without the program")
+p = subprocess.run(["taskset", "-c", "0", os.path.join(build, "bench", "corelat")],
+                   capture_output=True, text=True, timeout=30)
+check(p.returncode == 0 and '"core_rtt_ns":null' in p.stdout, "corelat on one CPU: %s" % p.stdout)
+p = subprocess.run([os.path.join(build, "bench", "corelat"), "--reps", "0"],
+                   capture_output=True, text=True, timeout=30)
+check(p.returncode == 2 and "--reps" in p.stderr, "corelat --reps 0: %s" % p.stderr)
+h = run_all.header(type("A", (), {"load": 0.1, "runs": 5, "quick": False})(), 0, {"ddp": 0.1},
+                   "cmd", 0.1, 1.0, run_all.rtt_text({"core_rtt_ns": [60, 75, 330]}, {}))
+check("quiet 60-330 ns (median 75)" in h, "header names the round trips: " + h)
+
 # free_port: bindable, below the ephemeral range
 with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
     lo = int(f.read().split()[0])
