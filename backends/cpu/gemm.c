@@ -130,17 +130,11 @@ static int split_probe(const split_slot *e, int cols, float alpha, float beta) {
     a[i] = (float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f;
   }
   memcpy(c2, c1, nc * sizeof(float));
-  int ta = e->ta, tb = e->tb;
-  int64_t lda = ta ? M : K, ldb = tb ? K : N;
-  sgemm1(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c1, N);
-  for (int64_t lo = 0; lo < len; lo += step) {
-    int64_t n = DG_MIN(step, len - lo);
-    if (cols)
-      sgemm1(ta, tb, M, n, K, alpha, a, lda, tb ? b + lo * ldb : b + lo, ldb, beta, c2 + lo, N);
-    else
-      sgemm1(ta, tb, n, N, K, alpha, ta ? a + lo : a + lo * lda, lda, b, ldb, beta, c2 + lo * N,
-             N);
-  }
+  int64_t lda = e->ta ? M : K, ldb = e->tb ? K : N;
+  sgemm1(e->ta, e->tb, M, N, K, alpha, a, lda, b, ldb, beta, c1, N);
+  /* the blocks as the split itself cuts them (gemm_task), one after another */
+  gemm_job j = {e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, step, alpha, beta, a, b, c2};
+  for (int t = 0; t * step < len; t++) gemm_task(&j, t);
   int same = !memcmp(c1, c2, nc * sizeof(float));
   dg__free(a);
   return same;
@@ -153,7 +147,7 @@ static int split_probe(const split_slot *e, int cols, float alpha, float beta) {
 static int split_pick(const split_slot *shape, const int can[2], float alpha, float beta,
                       split_slot **timing) {
   *timing = NULL;
-  uint64_t h = 1469598103934665603ULL; /* FNV-1a over the shape: the probe's start */
+  uint64_t h = 1469598103934665603ULL; /* FNV-1a over the shape: its first slot */
   int64_t v[7] = {shape->M, shape->N, shape->K, shape->ta, shape->tb, shape->threads, shape->ab};
   for (int i = 0; i < 7; i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ULL;
   split_slot *e = NULL;
