@@ -164,6 +164,19 @@ def best_torch_t2(by):
     return max(t2, key=lambda kv: kv[1]) if t2 else ("torch t2", NAN)
 
 
+def torch_share_row(name, d1, t1):
+    """torch's 1-thread step against dgrad's roofline measurement (the same
+    GEMMs, timed in dgrad's runs): dgrad at 100% of the roofline would be
+    1/share times torch, the most a faster step outside the GEMMs can give."""
+    sg, gf = med(d1, "sgemm_gflops"), med(d1, "gemm_gflop_per_step")
+    tg = med(t1) * gf
+    share = 100.0 * tg / sg if sg > 0 else NAN
+    ceil = "ceiling %.2fx" % (100.0 / share) if share > 0 else "ceiling n/a"
+    return row("%s, 1 thread: torch's share of the same roofline (dgrad at 100%% would be "
+               "1/share times torch)" % name, "sgemm %.0f GFLOP/s" % sg,
+               "torch %.0f GFLOP/s; %s" % (tg, ceil), share, "%")
+
+
 def step_rows(name, by, roof_targets, t1_target, t2_target):
     """Rows of a compute benchmark from records grouped by setting label."""
     rows = []
@@ -175,6 +188,7 @@ def step_rows(name, by, roof_targets, t1_target, t2_target):
             "%.0f GFLOP/s" % med(recs, "step_gflops"), med(recs, "roofline_pct"), "%", ">=", want))
     rows.append(row("%s, 1 thread vs torch" % name, "torch %.1f/s" % med(t1),
                     "%.1f/s" % med(d1), med(d1) / med(t1), target=t1_target))
+    rows.append(torch_share_row(name, d1, t1))
     lab, tv = best_torch_t2(by)
     rows.append(row("%s, 2 threads vs torch's best 2-core setting" % name,
                     "%s %.1f/s" % (lab, tv), "%.1f/s" % med(d2), med(d2) / tv, target=t2_target))

@@ -54,6 +54,16 @@ check([run_all.verdict(r) for r in rows] == ["pass", "**miss**", "info", "no dat
 text = run_all.table(rows, "HEAD")
 check("2 of 5 targets met." in text and text.startswith("HEAD"), "table summary line")
 
+# torch's share of dgrad's roofline and the ratio it allows
+r = run_all.torch_share_row("M", [{"sgemm_gflops": 100.0, "gemm_gflop_per_step": 0.1},
+                                  {"sgemm_gflops": 100.0, "gemm_gflop_per_step": 0.1}],
+                            [{"steps_per_s": 700.0}, {"steps_per_s": 900.0}])
+check(abs(r["ratio"] - 80.0) < 1e-9 and "ceiling 1.25x" in r["dgrad"] and r["unit"] == "%"
+      and run_all.verdict(r) == "info", "torch share row: %s" % r)
+r = run_all.torch_share_row("M", [], [{"steps_per_s": 700.0}])
+check(r["ratio"] != r["ratio"] and "n/a" in r["dgrad"] and run_all.fmt(r["ratio"], "%") == "—",
+      "torch share row without dgrad records: %s" % r)
+
 # --write-md replaces the marked block only; refuses a file without one
 with tempfile.TemporaryDirectory() as d:
     md = os.path.join(d, "B.md")
