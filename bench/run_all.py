@@ -438,13 +438,12 @@ def main():
             json.dump({"t0": t0, "steal": steal, "ok": ok, "command": cmdline, "runs": a.runs,
                        "quick": a.quick, "load": a.load, "loadavg": os.getloadavg()[0]}, f)
     mlp, gpt = read_jsonl(os.path.join(tmp, "mlp.jsonl")), read_jsonl(os.path.join(tmp, "gpt.jsonl"))
-    rows = (mlp_rows(mlp) + gpt_rows(gpt) +
-            ddp_rows(summary_of(out["ddp"], "scaling"), summary_of(out["ddp_load"], "scaling"),
-                     a.load) + allreduce_rows(out["allreduce"]) + memory_rows(mlp, gpt))
+    quiet, loaded = summary_of(out["ddp"], "scaling"), summary_of(out["ddp_load"], "scaling")
+    rows = (mlp_rows(mlp) + gpt_rows(gpt) + ddp_rows(quiet, loaded, a.load) +
+            allreduce_rows(out["allreduce"]) + memory_rows(mlp, gpt))
     measured = summary_of(out["ddp_load"], "load").get("measured", NAN)
-    tail = phase_lines(summary_of(out["ddp"], "scaling"), summary_of(out["ddp_load"], "scaling"),
-                       a.load)
-    rtt = rtt_text(summary_of(out["ddp"], "scaling"), summary_of(out["ddp_load"], "scaling"))
+    tail = phase_lines(quiet, loaded, a.load)
+    rtt = rtt_text(quiet, loaded)
     text = table(rows, header(a, t0, steal, cmdline, measured, loadavg, rtt), tail)
     print("\n" + text)
     if a.write_md:
