@@ -68,6 +68,7 @@ def commands(a, tmp):
                  "--out", os.path.join(tmp, "mlp.jsonl")]),
         ("gpt", ["bash", os.path.join(HERE, "run_gpt.sh"), "-b", a.build_dir, "-r", r,
                  "-s", "5" if q else "30", "-o", os.path.join(tmp, "gpt.jsonl")]),
+        ("gemm", [os.path.join(a.build_dir, "bench", "gemm_own"), "--rounds", r]),
         ("ddp", ddp("300")),
         # under load, runs of 1000 steps (about 2 s): a burner's bursts come
         # every 200 ms or so per core, and a 300-step run (0.55 s) sees 2-3
@@ -82,14 +83,15 @@ def commands(a, tmp):
 
 def executables(a):
     b = a.build_dir
-    return [os.path.join(b, "bench", p) for p in ("mlp", "gpt", "corelat", "ddp/ddp_mlp",
-                                                   "dist/bench_allreduce")]
+    return [os.path.join(b, "bench", p) for p in ("mlp", "gpt", "gemm_own", "corelat",
+                                                   "ddp/ddp_mlp", "dist/bench_allreduce")]
 
 
 def dry_run(a, cmds):
     """Checks what the run needs; prints the commands. Returns the exit status."""
     bad = [p for p in executables(a) if not os.access(p, os.X_OK)]
-    bad += [arg for _, c in cmds for arg in c[1:2] if not os.path.isfile(arg)]
+    bad += [arg for _, c in cmds if c[0] in (TORCH_PY, "bash") for arg in c[1:2]
+            if not os.path.isfile(arg)]  # the script an interpreter runs
     for path in (TORCH_PY, shutil.which("bash") or "bash"):
         if not os.access(path, os.X_OK):
             bad.append(path)
@@ -215,6 +217,20 @@ def gpt_rows(recs):
         label = "dgrad t%d" % r["threads"] if r["impl"] == "dgrad" else torch_label(r)
         by.setdefault(label, []).append(r)
     return step_rows("char-GPT", by, (70, None), 1.5, 1.8)
+
+
+def gemm_rows(lines):
+    """dgrad's GEMM (its own kernel where the CPU takes it) against OpenBLAS
+    on each step's shapes, one thread (bench/gemm_own.c)."""
+    rows = []
+    for r in json_lines(lines):
+        if r.get("impl") == "gemm_own":
+            name = "MLP batch %d" % r["batch"] if r["model"] == "mlp" else "char-GPT"
+            rows.append(row("%s, 1 thread: dgrad's GEMM vs OpenBLAS on the step's shapes" % name,
+                            "OpenBLAS %.0f GFLOP/s" % r["openblas_gflops"],
+                            "%s %.0f GFLOP/s" % (r["dgrad_kernel"], r["dgrad_gflops"]),
+                            r["speedup"]))
+    return rows
 
 
 def summary_of(lines, part):
@@ -439,7 +455,8 @@ def main():
                        "quick": a.quick, "load": a.load, "loadavg": os.getloadavg()[0]}, f)
     mlp, gpt = read_jsonl(os.path.join(tmp, "mlp.jsonl")), read_jsonl(os.path.join(tmp, "gpt.jsonl"))
     quiet, loaded = summary_of(out["ddp"], "scaling"), summary_of(out["ddp_load"], "scaling")
-    rows = (mlp_rows(mlp) + gpt_rows(gpt) + ddp_rows(quiet, loaded, a.load) +
+    rows = (mlp_rows(mlp) + gpt_rows(gpt) + gemm_rows(out["gemm"]) +
+            ddp_rows(quiet, loaded, a.load) +
             allreduce_rows(out["allreduce"]) + memory_rows(mlp, gpt))
     measured = summary_of(out["ddp_load"], "load").get("measured", NAN)
     tail = phase_lines(quiet, loaded, a.load)

@@ -40,6 +40,21 @@ extern const struct dg__kern_blas dg__cpu_kern_blas;
 void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* dgrad's own AVX-512 SGEMM (gemm_own.c), same contract as dg__sgemm on
+ * one thread. Returns 0, or -1 without doing anything where it does not
+ * run (no AVX-512 build, M/N/K <= 0, alpha 0, no memory for its packing
+ * buffers): the caller then runs OpenBLAS. */
+int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* Whether the CPU can run it (AVX-512F). */
+int dg__sgemm_own_cpu(void);
+/* Whether dg__sgemm gives a product of this shape to it: the CPU is one it
+ * is chosen for (AMD with AVX-512; DG_GEMM=own|blas overrides) and the shape
+ * is past OpenBLAS's small-matrix paths and fills the kernel's tiles. A
+ * function of the CPU and the shape alone, so every process on a machine
+ * rounds alike and every block of a split product takes the whole's path. */
+int dg__sgemm_own_fits(int64_t M, int64_t N, int64_t K);
+
 /* db(O) (+)= column sums of dy(R, O); overwrite: store, do not add. */
 void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite);
 /* y (R, O) = res + b per row, before a GEMM accumulates (beta 1); res or b

@@ -1,5 +1,6 @@
-/* Row-major SGEMM: C(M,N) = alpha * op(A) op(B) + beta * C. OpenBLAS when the
- * build has it, else a plain blocked loop (correct, not fast). */
+/* Row-major SGEMM: C(M,N) = alpha * op(A) op(B) + beta * C. dgrad's own
+ * AVX-512 kernel where this process chose it (gemm_own.c), else OpenBLAS
+ * when the build has it, else a plain blocked loop (correct, not fast). */
 #include <pthread.h>
 #include <string.h>
 
@@ -12,9 +13,12 @@
 #include <cblas.h>
 #endif
 
-static void sgemm1(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* own: the whole product's dg__sgemm_own_fits, passed to each of its blocks */
+static void sgemm1(int own, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                   int64_t ldc) {
   if (M <= 0 || N <= 0) return;
+  if (own && !dg__sgemm_own(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
   if (K <= 0) {
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
@@ -65,7 +69,7 @@ static void sgemm1(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
  * such path and are not probed. */
 
 typedef struct {
-  int ta, tb, by_cols, ntasks;
+  int own, ta, tb, by_cols, ntasks;
   int64_t M, N, K, lda, ldb, ldc, step;
   float alpha, beta;
   const float *A, *B;
@@ -78,11 +82,11 @@ static void gemm_task(void *arg, int t) {
   if (lo >= hi) return;
   if (j->by_cols) { /* columns [lo, hi) of op(B) and C */
     const float *b = j->tb ? j->B + lo * j->ldb : j->B + lo;
-    sgemm1(j->ta, j->tb, j->M, hi - lo, j->K, j->alpha, j->A, j->lda, b, j->ldb, j->beta,
+    sgemm1(j->own, j->ta, j->tb, j->M, hi - lo, j->K, j->alpha, j->A, j->lda, b, j->ldb, j->beta,
            j->C + lo, j->ldc);
   } else { /* rows [lo, hi) of op(A) and C */
     const float *a = j->ta ? j->A + lo : j->A + lo * j->lda;
-    sgemm1(j->ta, j->tb, hi - lo, j->N, j->K, j->alpha, a, j->lda, j->B, j->ldb, j->beta,
+    sgemm1(j->own, j->ta, j->tb, hi - lo, j->N, j->K, j->alpha, a, j->lda, j->B, j->ldb, j->beta,
            j->C + lo * j->ldc, j->ldc);
   }
 }
@@ -131,9 +135,10 @@ static int split_probe(const split_slot *e, int cols, float alpha, float beta) {
   }
   memcpy(c2, c1, nc * sizeof(float));
   int64_t lda = e->ta ? M : K, ldb = e->tb ? K : N;
-  sgemm1(e->ta, e->tb, M, N, K, alpha, a, lda, b, ldb, beta, c1, N);
+  int own = dg__sgemm_own_fits(M, N, K);
+  sgemm1(own, e->ta, e->tb, M, N, K, alpha, a, lda, b, ldb, beta, c1, N);
   /* the blocks as the split itself cuts them (gemm_task), one after another */
-  gemm_job j = {e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, step, alpha, beta, a, b, c2};
+  gemm_job j = {own, e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, step, alpha, beta, a, b, c2};
   for (int t = 0; t * step < len; t++) gemm_task(&j, t);
   int same = !memcmp(c1, c2, nc * sizeof(float));
   dg__free(a);
@@ -177,10 +182,10 @@ static void split_record(split_slot *e, int cols, int64_t ns) {
 
 void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-  int threads = dg_get_num_threads();
+  int threads = dg_get_num_threads(), own = dg__sgemm_own_fits(M, N, K);
   /* below ~0.5 MFLOP the fork/join costs more than it saves */
   if (threads <= 1 || M <= 0 || N <= 0 || (double)M * N * K < 262144.0) {
-    sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   int can[2] = {M >= (int64_t)threads * ROW_MIN, N >= (int64_t)threads * COL_ALIGN};
@@ -192,10 +197,10 @@ void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, con
   int cols = split_pick(&shape, can, alpha, beta, &timing);
   pthread_mutex_unlock(&g_split_mu);
   if (cols < 0) { /* no split gives the whole's bits */
-    sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  gemm_job j = {ta, tb, cols, threads, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C};
+  gemm_job j = {own, ta, tb, cols, threads, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C};
   int64_t len = cols ? N : M;
   j.step = split_step(len, threads, cols);
   j.ntasks = (int)((len + j.step - 1) / j.step);

@@ -64,6 +64,14 @@ r = run_all.torch_share_row("M", [], [{"steps_per_s": 700.0}])
 check(r["ratio"] != r["ratio"] and "n/a" in r["dgrad"] and run_all.fmt(r["ratio"], "%") == "—",
       "torch share row without dgrad records: %s" % r)
 
+# dgrad's GEMM against OpenBLAS: a row per gemm_own record, other lines ignored
+rs = run_all.gemm_rows(["mlp b64: ta 0 ...", '{"impl":"gemm_own","model":"gpt","batch":16,'
+                        '"openblas_gflops":100.0,"own_gflops":104.0,"dgrad_gflops":103.0,'
+                        '"speedup":1.03,"dgrad_kernel":"own"}'])
+check(len(rs) == 1 and rs[0]["figure"].startswith("char-GPT") and rs[0]["ratio"] == 1.03
+      and "own 103 GFLOP/s" in rs[0]["dgrad"] and run_all.verdict(rs[0]) == "info",
+      "gemm rows: %s" % rs)
+
 # --write-md replaces the marked block only; refuses a file without one
 with tempfile.TemporaryDirectory() as d:
     md = os.path.join(d, "B.md")

@@ -1,0 +1,174 @@
+/* dgrad's own AVX-512 SGEMM (backends/cpu/gemm_own.c) against a double
+ * reference, on every layout and on the edges of its tiles and passes:
+ * M, N, K around MR = 8, the 16/32-column panels and the 16-deep transpose
+ * blocks, K over one pass (512), strides past the matrix, alpha and beta.
+ * Then what gemm.c's splits rely on: a block of rows or columns computed
+ * alone gives the whole's bits; beta 0 does not read C (NaN stays out);
+ * nothing outside C's (M, N) is written. Last, dg__sgemm pinned to the own
+ * kernel (DG_GEMM=own) gives 1 thread's bits on 2 threads. Skipped (77) on
+ * a CPU without AVX-512F. */
+#include <dgrad.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cpu/cpu_impl.h"
+#include "test.h"
+
+static uint32_t g_x = 2463534242u;
+
+static float rnd(void) { /* xorshift32 in [-1, 1) */
+  g_x ^= g_x << 13, g_x ^= g_x >> 17, g_x ^= g_x << 5;
+  return (float)(g_x >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+static float *rnd_buf(size_t n) {
+  float *p = malloc(n * sizeof *p);
+  REQUIRE(p);
+  for (size_t i = 0; i < n; i++) p[i] = rnd();
+  return p;
+}
+
+typedef struct {
+  int ta, tb;
+  int64_t M, N, K, lda, ldb, ldc;
+  float alpha, beta;
+} shape;
+
+static float opa(const shape *s, const float *A, int64_t i, int64_t k) {
+  return s->ta ? A[k * s->lda + i] : A[i * s->lda + k];
+}
+
+static float opb(const shape *s, const float *B, int64_t k, int64_t j) {
+  return s->tb ? B[j * s->ldb + k] : B[k * s->ldb + j];
+}
+
+/* Checks the own kernel's C against the double reference to float rounding
+ * of a K-term sum; the guard values past each row's N stay as they were. */
+static void check_shape(const shape *s) {
+  int64_t na = s->ta ? s->K * s->lda : s->M * s->lda, nb = s->tb ? s->N * s->ldb : s->K * s->ldb;
+  float *A = rnd_buf((size_t)na), *B = rnd_buf((size_t)nb), *C = rnd_buf((size_t)(s->M * s->ldc));
+  float *C0 = malloc((size_t)(s->M * s->ldc) * sizeof *C0);
+  REQUIRE(C0);
+  memcpy(C0, C, (size_t)(s->M * s->ldc) * sizeof *C);
+  if (s->beta == 0.0f)
+    for (int64_t i = 0; i < s->M * s->ldc; i++) C[i] = NAN; /* must not be read */
+  CHECK_EQ_INT(dg__sgemm_own(s->ta, s->tb, s->M, s->N, s->K, s->alpha, A, s->lda, B, s->ldb,
+                             s->beta, C, s->ldc), 0);
+  int bad = 0;
+  for (int64_t i = 0; i < s->M && bad < 3; i++)
+    for (int64_t j = 0; j < s->ldc && bad < 3; j++) {
+      float got = C[i * s->ldc + j];
+      if (j >= s->N) { /* outside C: untouched */
+        if (!(s->beta == 0.0f ? isnan(got) : got == C0[i * s->ldc + j])) bad++;
+        continue;
+      }
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < s->K; k++) {
+        double p = (double)opa(s, A, i, k) * opb(s, B, k, j);
+        ref += p, mag += fabs(p);
+      }
+      ref *= s->alpha, mag *= fabs(s->alpha);
+      if (s->beta != 0.0f) ref += (double)s->beta * C0[i * s->ldc + j];
+      mag += fabs((double)s->beta * C0[i * s->ldc + j]);
+      double tol = (double)(s->K + 4) * 1.2e-7 * mag + 1e-30;
+      if (!(fabs(got - ref) <= tol)) {
+        fprintf(stderr, "ta %d tb %d %lldx%lldx%lld: C[%lld][%lld] = %.9g, reference %.9g\n", s->ta,
+                s->tb, (long long)s->M, (long long)s->N, (long long)s->K, (long long)i,
+                (long long)j, got, ref);
+        bad++;
+      }
+    }
+  CHECK_EQ_INT(bad, 0);
+  free(A), free(B), free(C), free(C0);
+}
+
+static void test_reference(void) {
+  static const int64_t Ms[] = {1, 7, 8, 9, 23, 64};
+  static const int64_t Ns[] = {1, 15, 16, 17, 31, 32, 33, 70};
+  static const int64_t Ks[] = {1, 5, 16, 17, 40, 513, 1100};
+  static const float ab[][2] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {-0.5f, 0.75f}, {2.0f, 0.0f}};
+  int n = 0;
+  for (int t = 0; t < 4; t++)
+    for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++)
+      for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
+          int64_t M = Ms[mi], N = Ns[ni], K = Ks[ki], pad = (mi + ni + ki) % 3;
+          const float *p = ab[(mi + 2 * ni + ki) % 4];
+          shape s = {t & 1, t >> 1, M, N, K, 0, 0, N + pad, p[0], p[1]};
+          s.lda = (s.ta ? M : K) + pad, s.ldb = (s.tb ? K : N) + 2 * pad;
+          check_shape(&s);
+          n++;
+        }
+  fprintf(stderr, "reference: %d shapes\n", n);
+}
+
+/* Rows i0..i1 and columns j0..j1 of the product alone, into C. */
+static void block(const shape *s, const float *A, const float *B, float *C, int64_t i0, int64_t i1,
+                  int64_t j0, int64_t j1) {
+  const float *a = s->ta ? A + i0 : A + i0 * s->lda;
+  const float *b = s->tb ? B + j0 * s->ldb : B + j0;
+  CHECK_EQ_INT(dg__sgemm_own(s->ta, s->tb, i1 - i0, j1 - j0, s->K, s->alpha, a, s->lda, b, s->ldb,
+                             s->beta, C + i0 * s->ldc + j0, s->ldc), 0);
+}
+
+static void test_blocks(void) {
+  for (int t = 0; t < 4; t++) {
+    shape s = {t & 1, t >> 1, 70, 100, 700, 0, 0, 100, 1.0f, 1.0f};
+    s.lda = s.ta ? s.M : s.K, s.ldb = s.tb ? s.K : s.N;
+    float *A = rnd_buf((size_t)(s.M * s.K)), *B = rnd_buf((size_t)(s.K * s.N));
+    float *C0 = rnd_buf((size_t)(s.M * s.N)), *C1 = malloc((size_t)(s.M * s.N) * sizeof *C1);
+    float *C2 = malloc((size_t)(s.M * s.N) * sizeof *C2);
+    REQUIRE(C1 && C2);
+    memcpy(C1, C0, (size_t)(s.M * s.N) * sizeof *C0);
+    memcpy(C2, C0, (size_t)(s.M * s.N) * sizeof *C0);
+    block(&s, A, B, C0, 0, s.M, 0, s.N);
+    for (int64_t i = 0; i < s.M; i += 13) block(&s, A, B, C1, i, i + 13 < s.M ? i + 13 : s.M, 0, s.N);
+    for (int64_t j = 0; j < s.N; j += 37) block(&s, A, B, C2, 0, s.M, j, j + 37 < s.N ? j + 37 : s.N);
+    CHECK(!memcmp(C0, C1, (size_t)(s.M * s.N) * sizeof *C0));
+    CHECK(!memcmp(C0, C2, (size_t)(s.M * s.N) * sizeof *C0));
+    free(A), free(B), free(C0), free(C1), free(C2);
+  }
+}
+
+static void test_declines(void) {
+  float a[64] = {0}, c[64] = {0};
+  CHECK_EQ_INT(dg__sgemm_own(0, 0, 4, 4, 4, 0.0f, a, 4, a, 4, 1.0f, c, 4), -1); /* alpha 0 */
+  CHECK_EQ_INT(dg__sgemm_own(0, 0, 4, 4, 0, 1.0f, a, 4, a, 4, 1.0f, c, 4), -1); /* K 0 */
+  CHECK_EQ_INT(dg__sgemm_own(0, 0, 0, 4, 4, 1.0f, a, 4, a, 4, 1.0f, c, 4), -1);
+}
+
+/* dg__sgemm with the own kernel pinned: 2 threads split the product and
+ * must give 1 thread's bits. */
+static void test_threads(void) {
+  int64_t M = 96, N = 320, K = 200;
+  CHECK(dg__sgemm_own_fits(M, N, K));
+  CHECK(!dg__sgemm_own_fits(M, 10, K)); /* 10 of a 16-column panel */
+  CHECK(!dg__sgemm_own_fits(32, 32, 32)); /* OpenBLAS's small paths */
+  for (int t = 0; t < 4; t++) {
+    int ta = t & 1, tb = t >> 1;
+    float *A = rnd_buf((size_t)(M * K)), *B = rnd_buf((size_t)(K * N));
+    float *C1 = calloc((size_t)(M * N), sizeof *C1), *C2 = calloc((size_t)(M * N), sizeof *C2);
+    REQUIRE(C1 && C2);
+    for (int th = 1; th <= 2; th++) {
+      dg_set_num_threads(th);
+      for (int rep = 0; rep < 8; rep++) /* past the split's timed tries */
+        dg__sgemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, th == 1 ? C1 : C2, N);
+    }
+    CHECK(!memcmp(C1, C2, (size_t)(M * N) * sizeof *C1));
+    free(A), free(B), free(C1), free(C2);
+  }
+  dg_set_num_threads(1);
+}
+
+int main(void) {
+  if (!dg__sgemm_own_cpu()) TEST_SKIP("no AVX-512F on this CPU");
+  setenv("DG_GEMM", "own", 1); /* before dg__sgemm's first call decides */
+  test_declines();
+  test_reference();
+  test_blocks();
+  test_threads();
+  TEST_DONE();
+}
