@@ -48,6 +48,9 @@ int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* Whether the CPU can run it (AVX-512F). */
 int dg__sgemm_own_cpu(void);
+/* Makes packing buffers for n products at once (the compute threads of a
+ * split product), so that steady-state steps allocate nothing. */
+void dg__sgemm_own_reserve(int n);
 /* Whether dg__sgemm gives a product of this shape to it: the CPU is one it
  * is chosen for (AMD with AVX-512; DG_GEMM=own|blas overrides) and the shape
  * is past OpenBLAS's small-matrix paths and fills the kernel's tiles. A

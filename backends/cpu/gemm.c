@@ -188,6 +188,7 @@ void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, con
     sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
+  if (own) dg__sgemm_own_reserve(threads); /* every block's buffers, before any step counts */
   int can[2] = {M >= (int64_t)threads * ROW_MIN, N >= (int64_t)threads * COL_ALIGN};
   if (!can[0] && !can[1]) can[1] = N >= M, can[0] = !can[1];
   split_slot *timing = NULL;

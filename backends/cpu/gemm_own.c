@@ -1,19 +1,25 @@
 /* dgrad's own SGEMM for AVX-512 CPUs (row-major, as dg__sgemm): an 8x32
- * micro-tile of FMAs over packed panels, BLIS-style.
+ * micro-tile of FMAs, BLIS-style.
  *
  * Why not OpenBLAS everywhere: on a Zen 4 core (AVX-512 on 256-bit units)
  * OpenBLAS's kernel runs the training steps' shapes at 82-91% of the FMA
- * peak; its packing (a scalar-ish transpose for x W^T) and its beta = 0
+ * peak; packing (a scalar-ish transpose for x W^T) and its beta = 0
  * clearing pass are most of the gap. This kernel reaches 97% of peak on hot
- * panels and transposes with 16x16 in-register shuffles, and the end to end
- * product is 3-11% faster there. Other CPUs keep OpenBLAS (the choice is the
- * CPU's, not a timing: see own_decide) and DG_GEMM=own|blas pins it.
+ * panels, reads the broadcast operand's rows in place where they run along
+ * k (no packing), transposes with 16x16 in-register shuffles, and computes
+ * x W^T as its transpose where x has few rows for its K (transposed_pays).
+ * End to end it is 2-14% faster than OpenBLAS there (bench/gemm_own). Other
+ * CPUs keep OpenBLAS (the choice is the CPU's, not a timing: see
+ * own_decide) and DG_GEMM=own|blas pins it.
  *
  * Rounding: each C element is the sequential FMA chain over its k in passes
  * of at most KC_MAX (the pass length depends on K only), added to C per
- * pass. So an element's bits do not depend on where it sits in a tile or on
- * how a split cuts C (gemm.c's splits rely on it), only on K. */
+ * pass, the same whichever operand is broadcast (a * b is exact before the
+ * add). So an element's bits do not depend on where it sits in a tile, on
+ * the product being computed as its transpose or on how a split cuts C
+ * (gemm.c's splits rely on it), only on K. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "dgrad_config.h"
@@ -39,39 +45,61 @@ typedef struct {
   void *raw;
 } own_buf;
 
-static pthread_key_t g_buf_key;
-static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
-static int g_key_ok;
+/* Packing buffers: a pool of slots, one claimed per product. Not per
+ * thread: a pool thread that took no block of a product during warm-up
+ * would make its buffer in a steady-state step (tests/unit/test_noalloc
+ * caught one doing so); dg__sgemm_own_reserve makes as many as the compute
+ * threads before the first product, and more only for products run at
+ * once from several contexts. Slots live until exit. */
+#define SLOTS_MAX 64
+static own_buf g_slot[SLOTS_MAX];
+static atomic_int g_busy[SLOTS_MAX];
+static atomic_int g_nslots; /* slots made; g_slot[i] is set before i < g_nslots is seen */
+static pthread_mutex_t g_slot_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void buf_free(void *p) {
-  own_buf *b = p;
-  if (b) dg__free(b->raw);
-  dg__free(b);
-}
-
-static void key_init(void) { g_key_ok = !pthread_key_create(&g_buf_key, buf_free); }
-
-/* The calling thread's packing buffers, made on its first product (a step
- * repeats, so steady state allocates nothing); NULL without memory. */
-static own_buf *thread_buf(void) {
-  pthread_once(&g_key_once, key_init);
-  if (!g_key_ok) return NULL;
-  own_buf *b = pthread_getspecific(g_buf_key);
-  if (b) return b;
-  if (!(b = dg__malloc(sizeof *b))) return NULL;
-  size_t n = (size_t)(MR * KC_MAX + B_FLOATS) * sizeof(float) + 64;
-  if (!(b->raw = dg__malloc(n))) {
-    dg__free(b);
-    return NULL;
-  }
+/* Makes slot g_nslots (lock held); 0, or -1 without memory or room. */
+static int slot_add(int busy) {
+  int n = atomic_load_explicit(&g_nslots, memory_order_relaxed);
+  if (n >= SLOTS_MAX) return -1;
+  size_t bytes = (size_t)(MR * KC_MAX + B_FLOATS) * sizeof(float) + 64;
+  own_buf *b = &g_slot[n];
+  if (!(b->raw = dg__malloc(bytes))) return -1;
   b->a = (float *)(((uintptr_t)b->raw + 63) & ~(uintptr_t)63);
   b->b = b->a + MR * KC_MAX;
-  if (pthread_setspecific(g_buf_key, b)) {
-    buf_free(b);
-    return NULL;
+  atomic_store_explicit(&g_busy[n], busy, memory_order_relaxed);
+  atomic_store_explicit(&g_nslots, n + 1, memory_order_release);
+  return 0;
+}
+
+void dg__sgemm_own_reserve(int n) {
+  if (atomic_load_explicit(&g_nslots, memory_order_acquire) >= n) return;
+  pthread_mutex_lock(&g_slot_mu);
+  while (atomic_load_explicit(&g_nslots, memory_order_relaxed) < n && !slot_add(0)) {
   }
+  pthread_mutex_unlock(&g_slot_mu);
+}
+
+/* A free slot, claimed (its index in *idx); NULL without memory. */
+static own_buf *slot_claim(int *idx) {
+  int n = atomic_load_explicit(&g_nslots, memory_order_acquire);
+  for (int i = 0; i < n; i++) {
+    int z = 0;
+    if (!atomic_load_explicit(&g_busy[i], memory_order_relaxed) &&
+        atomic_compare_exchange_strong_explicit(&g_busy[i], &z, 1, memory_order_acquire,
+                                                memory_order_relaxed)) {
+      *idx = i;
+      return &g_slot[i];
+    }
+  }
+  pthread_mutex_lock(&g_slot_mu); /* all busy: one more, claimed as made */
+  int i = atomic_load_explicit(&g_nslots, memory_order_relaxed);
+  own_buf *b = slot_add(1) ? NULL : &g_slot[i];
+  pthread_mutex_unlock(&g_slot_mu);
+  *idx = i;
   return b;
 }
+
+static void slot_release(int i) { atomic_store_explicit(&g_busy[i], 0, memory_order_release); }
 
 static __mmask16 lanes(int64_t n) { return n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
 
@@ -154,21 +182,53 @@ DG_TARGET_AVX512 static void pack_b(int tb, const float *B, int64_t ldb, int64_t
   }
 }
 
-/* C (mr, nr) = alpha * ap^T bp + (first ? beta C : C) for one micro-tile;
- * nv 16-lane vectors of columns (1 when nr <= 16). */
-DG_TARGET_AVX512 DG_INLINE void tile_body(int64_t kc, const float *restrict ap,
+/* The epilogue of a tile kept as C's transpose: C'(r, c) = C[c * ldc + r],
+ * C' = alpha * acc + (first ? beta C' : C'). t is the accumulators (MR, NR);
+ * each 16-column half is turned by tr16 so C's rows are stored whole. */
+DG_TARGET_AVX512 DG_INLINE void store_t(const float *t, float *C, int64_t ldc, int mr, int nr,
+                                        float alpha, float beta, int first) {
+  float u[16 * 16] __attribute__((aligned(64)));
+  __mmask16 m = lanes(mr);
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int h = 0; h * 16 < nr; h++) {
+    tr16(t + h * 16, NR, MR, 16, u, 16); /* u[c * 16 + r] = t[r * NR + 16 h + c] */
+    for (int c = 0; c < 16 && h * 16 + c < nr; c++) {
+      float *cp = C + (h * 16 + c) * ldc;
+      __m512 x = _mm512_mul_ps(va, _mm512_load_ps(u + c * 16));
+      if (!first) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, cp));
+      else if (beta != 0.0f) x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, cp), x);
+      _mm512_mask_storeu_ps(cp, m, x);
+    }
+  }
+}
+
+/* One micro-tile: acc (MR, nv * 16) = sum over k of a(r, k) bp(k, c), with
+ * a(r, k) = ap[k * MR + r] (packed) or ap[r * lda + k] (in place: rows of
+ * A read where they are); then C (mr, nr) = alpha * acc + (first ? beta C :
+ * C), or into C's transpose (trc). nv 16-lane vectors (1 when nr <= 16). */
+DG_TARGET_AVX512 DG_INLINE void tile_body(int64_t kc, const float *restrict ap, int64_t lda,
                                           const float *restrict bp, float *C, int64_t ldc, int mr,
-                                          int nr, float alpha, float beta, int first, const int nv) {
+                                          int nr, float alpha, float beta, int first, const int nv,
+                                          const int inplace, const int trc) {
   __m512 c0[MR], c1[MR];
   _Pragma("GCC unroll 8") for (int r = 0; r < MR; r++) c0[r] = c1[r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < kc; k++) {
     __m512 b0 = _mm512_load_ps(bp), b1 = nv > 1 ? _mm512_load_ps(bp + 16) : b0;
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; r++) {
-      __m512 a = _mm512_set1_ps(ap[r]);
+      __m512 a = _mm512_set1_ps(inplace ? ap[r * lda] : ap[r]);
       c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
       if (nv > 1) c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
     }
-    ap += MR, bp += NR;
+    ap += inplace ? 1 : MR, bp += NR;
+  }
+  if (trc) {
+    float t[MR * NR] __attribute__((aligned(64)));
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; r++) {
+      _mm512_store_ps(t + r * NR, c0[r]);
+      _mm512_store_ps(t + r * NR + 16, c1[r]);
+    }
+    store_t(t, C, ldc, mr, nr, alpha, beta, first);
+    return;
   }
   __mmask16 m0 = lanes(nr), m1 = lanes(nr - 16);
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -187,18 +247,32 @@ DG_TARGET_AVX512 DG_INLINE void tile_body(int64_t kc, const float *restrict ap,
   }
 }
 
-DG_TARGET_AVX512 static void tile2(int64_t kc, const float *ap, const float *bp, float *C,
-                                   int64_t ldc, int mr, int nr, float alpha, float beta, int first) {
-  tile_body(kc, ap, bp, C, ldc, mr, nr, alpha, beta, first, 2);
-}
+typedef void tile_fn(int64_t kc, const float *ap, int64_t lda, const float *bp, float *C,
+                     int64_t ldc, int mr, int nr, float alpha, float beta, int first);
 
-DG_TARGET_AVX512 static void tile1(int64_t kc, const float *ap, const float *bp, float *C,
-                                   int64_t ldc, int mr, int nr, float alpha, float beta, int first) {
-  tile_body(kc, ap, bp, C, ldc, mr, nr, alpha, beta, first, 1);
-}
+/* The tile variants: [trc][inplace][nv - 1] */
+#define TILE(name, nv, inplace, trc)                                                            \
+  DG_TARGET_AVX512 static void name(int64_t kc, const float *ap, int64_t lda, const float *bp,   \
+                                    float *C, int64_t ldc, int mr, int nr, float alpha,          \
+                                    float beta, int first) {                                     \
+    tile_body(kc, ap, lda, bp, C, ldc, mr, nr, alpha, beta, first, nv, inplace, trc);            \
+  }
+TILE(tile_pk1, 1, 0, 0)
+TILE(tile_pk2, 2, 0, 0)
+TILE(tile_ip1, 1, 1, 0)
+TILE(tile_ip2, 2, 1, 0)
+TILE(tile_pk1_t, 1, 0, 1)
+TILE(tile_pk2_t, 2, 0, 1)
+TILE(tile_ip1_t, 1, 1, 1)
+TILE(tile_ip2_t, 2, 1, 1)
+static tile_fn *const g_tiles[2][2][2] = {{{tile_pk1, tile_pk2}, {tile_ip1, tile_ip2}},
+                                          {{tile_pk1_t, tile_pk2_t}, {tile_ip1_t, tile_ip2_t}}};
 
+/* C = alpha op(A) op(B) + beta C, or with trc, C^T = alpha op(A) op(B) +
+ * beta C^T (the product computed as its transpose: A and B here are the
+ * caller's B and A). */
 typedef struct {
-  int ta, tb;
+  int ta, tb, trc;
   int64_t M, K, lda, ldb, ldc;
   float alpha, beta;
   const float *A, *B;
@@ -206,28 +280,47 @@ typedef struct {
 } own_job;
 
 /* One pass (k0, kc) over columns j0..j0+nc: pack that B block once, then
- * each MR-row sliver of A against all its panels. */
+ * each MR-row sliver of A against all its panels. A sliver of whole rows
+ * of A stored along k is read in place (no packing); others are packed. */
 static void own_block(const own_job *j, own_buf *buf, int64_t k0, int64_t kc, int64_t j0,
                       int64_t nc) {
   pack_b(j->tb, j->B, j->ldb, j0, nc, k0, kc, buf->b);
   for (int64_t i0 = 0; i0 < j->M; i0 += MR) {
-    int mr = (int)DG_MIN(j->M - i0, MR);
-    pack_a(j->ta, j->A, j->lda, i0, mr, k0, kc, buf->a);
-    float *c = j->C + i0 * j->ldc + j0;
+    int mr = (int)DG_MIN(j->M - i0, MR), ip = !j->ta && mr == MR;
+    const float *ap = j->A + i0 * j->lda + k0;
+    if (!ip) pack_a(j->ta, j->A, j->lda, i0, mr, k0, kc, buf->a), ap = buf->a;
     for (int64_t jp = 0; jp < nc; jp += NR) {
       int nr = (int)DG_MIN(nc - jp, NR);
-      (nr <= 16 ? tile1 : tile2)(kc, buf->a, buf->b + jp * kc, c + jp, j->ldc, mr, nr, j->alpha,
-                                 j->beta, k0 == 0);
+      float *c = j->trc ? j->C + (j0 + jp) * j->ldc + i0 : j->C + i0 * j->ldc + j0 + jp;
+      g_tiles[j->trc][ip][nr > 16](kc, ap, j->lda, buf->b + jp * kc, c, j->ldc, mr, nr, j->alpha,
+                                   j->beta, k0 == 0);
     }
   }
+}
+
+/* x W^T (ta 0, tb 1): both operands run along k, so one must be turned.
+ * As it stands, packing turns W (N x K) while x's rows are read in place;
+ * computed as its transpose, W's rows are read in place and x (M x K) is
+ * turned, plus C (M x N, once per pass) on its way out. Measured on Zen 4
+ * (bench/gemm_own): the transpose wins for few rows and a long K (MLP
+ * batch 64: 64x512x784 +5%, 64x256x512 +10%) and loses from K < 4 M
+ * (batch 256, 256x512x784: -4%). */
+static int transposed_pays(int ta, int tb, int64_t M, int64_t K) {
+  return !ta && tb && K >= 4 * M;
 }
 
 int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   if (M <= 0 || N <= 0 || K <= 0 || alpha == 0.0f) return -1; /* the caller's plain paths */
-  own_buf *buf = thread_buf();
+  int slot;
+  own_buf *buf = slot_claim(&slot);
   if (!buf) return -1;
-  own_job j = {ta, tb, M, K, lda, ldb, ldc, alpha, beta, A, B, C};
+  own_job j = {ta, tb, 0, M, K, lda, ldb, ldc, alpha, beta, A, B, C};
+  if (transposed_pays(ta, tb, M, K)) { /* C^T = op(B)^T op(A)^T */
+    j = (own_job){!tb, !ta, 1, N, K, ldb, lda, ldc, alpha, beta, B, A, C};
+    int64_t t = M;
+    M = N, N = t;
+  }
   int64_t passes = (K + KC_MAX - 1) / KC_MAX, kcs = (K + passes - 1) / passes;
   for (int64_t k0 = 0; k0 < K; k0 += kcs) {
     int64_t kc = DG_MIN(K - k0, kcs);
@@ -236,6 +329,7 @@ int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
     int64_t nblk = (N + ncap - 1) / ncap, ncs = ((N + nblk - 1) / nblk + NR - 1) / NR * NR;
     for (int64_t j0 = 0; j0 < N; j0 += ncs) own_block(&j, buf, k0, kc, j0, DG_MIN(N - j0, ncs));
   }
+  slot_release(slot);
   return 0;
 }
 
@@ -254,6 +348,8 @@ int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
 }
 
 int dg__sgemm_own_cpu(void) { return 0; }
+
+void dg__sgemm_own_reserve(int n) { (void)n; }
 
 #define MR 8
 #define NR 32

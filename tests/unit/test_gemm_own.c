@@ -3,7 +3,8 @@
  * M, N, K around MR = 8, the 16/32-column panels and the 16-deep transpose
  * blocks, K over one pass (512), strides past the matrix, alpha and beta.
  * Then what gemm.c's splits rely on: a block of rows or columns computed
- * alone gives the whole's bits; beta 0 does not read C (NaN stays out);
+ * alone gives the whole's bits (also where the block runs as its transpose
+ * and the whole does not); beta 0 does not read C (NaN stays out);
  * nothing outside C's (M, N) is written. Last, dg__sgemm pinned to the own
  * kernel (DG_GEMM=own) gives 1 thread's bits on 2 threads. Skipped (77) on
  * a CPU without AVX-512F. */
@@ -114,9 +115,12 @@ static void block(const shape *s, const float *A, const float *B, float *C, int6
                              s->beta, C + i0 * s->ldc + j0, s->ldc), 0);
 }
 
+/* K 700: x W^T runs as its transpose whole and in blocks; K 200: the whole
+ * as it stands, the 13-row blocks as their transpose (gemm_own.c,
+ * transposed_pays), which must not change a bit either. */
 static void test_blocks(void) {
-  for (int t = 0; t < 4; t++) {
-    shape s = {t & 1, t >> 1, 70, 100, 700, 0, 0, 100, 1.0f, 1.0f};
+  for (int t = 0; t < 8; t++) {
+    shape s = {t & 1, (t >> 1) & 1, 70, 100, t < 4 ? 700 : 200, 0, 0, 100, 1.0f, 0.7f};
     s.lda = s.ta ? s.M : s.K, s.ldb = s.tb ? s.K : s.N;
     float *A = rnd_buf((size_t)(s.M * s.K)), *B = rnd_buf((size_t)(s.K * s.N));
     float *C0 = rnd_buf((size_t)(s.M * s.N)), *C1 = malloc((size_t)(s.M * s.N) * sizeof *C1);
