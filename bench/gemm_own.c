@@ -71,16 +71,19 @@ static void run(const char *model, int batch, const rl_gemm *g, int n, int round
     free(a);
     double f = 2.0 * (double)(s->M * s->N * s->K), w = (double)s->count;
     int fits = dg__sgemm_own_fits(s->M, s->N, s->K);
-    fprintf(stderr, "%s b%d: ta %d tb %d %5lldx%5lldx%5lld x%-4lld OpenBLAS %6.1f own %6.1f GFLOP/s%s\n",
+    fprintf(stderr,
+            "%s b%d: ta %d tb %d %5lldx%5lldx%5lld x%-4lld OpenBLAS %6.1f own %6.1f GFLOP/s%s\n",
             model, batch, s->ta, s->tb, (long long)s->M, (long long)s->N, (long long)s->K,
-            (long long)s->count, f / best[0] / 1e9, f / best[1] / 1e9, fits ? "" : "  (OpenBLAS's)");
+            (long long)s->count, f / best[0] / 1e9, f / best[1] / 1e9,
+            fits ? "" : "  (OpenBLAS's)");
     flop += f * w, t_blas += best[0] * w, t_own += best[1] * w;
     t_dg += (fits ? best[1] : best[0]) * w;
   }
   const char *e = dg__sgemm_own_fits(256, 256, 256) ? "own" : "openblas";
   printf("{\"impl\":\"gemm_own\",\"model\":\"%s\",\"batch\":%d,\"openblas_gflops\":%.2f,"
          "\"own_gflops\":%.2f,\"dgrad_gflops\":%.2f,\"speedup\":%.4f,\"dgrad_kernel\":\"%s\"}\n",
-         model, batch, flop / t_blas / 1e9, flop / t_own / 1e9, flop / t_dg / 1e9, t_blas / t_dg, e);
+         model, batch, flop / t_blas / 1e9, flop / t_own / 1e9, flop / t_dg / 1e9, t_blas / t_dg,
+         e);
 }
 
 int main(int argc, char **argv) {

@@ -74,8 +74,8 @@ static int slot_add(int busy) {
 void dg__sgemm_own_reserve(int n) {
   if (atomic_load_explicit(&g_nslots, memory_order_acquire) >= n) return;
   pthread_mutex_lock(&g_slot_mu);
-  while (atomic_load_explicit(&g_nslots, memory_order_relaxed) < n && !slot_add(0)) {
-  }
+  while (atomic_load_explicit(&g_nslots, memory_order_relaxed) < n && !slot_add(0))
+    continue; /* stops short without memory: slot_claim tries again */
   pthread_mutex_unlock(&g_slot_mu);
 }
 
@@ -101,7 +101,9 @@ static own_buf *slot_claim(int *idx) {
 
 static void slot_release(int i) { atomic_store_explicit(&g_busy[i], 0, memory_order_release); }
 
-static __mmask16 lanes(int64_t n) { return n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
+static __mmask16 lanes(int64_t n) {
+  return n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+}
 
 /* d[k * ldd + c] = s[c * ld + k] for rows c < n of s and k < kt (<= 16);
  * rows n..15 of the output's columns are zeros. */

@@ -129,8 +129,10 @@ static void test_blocks(void) {
     memcpy(C1, C0, (size_t)(s.M * s.N) * sizeof *C0);
     memcpy(C2, C0, (size_t)(s.M * s.N) * sizeof *C0);
     block(&s, A, B, C0, 0, s.M, 0, s.N);
-    for (int64_t i = 0; i < s.M; i += 13) block(&s, A, B, C1, i, i + 13 < s.M ? i + 13 : s.M, 0, s.N);
-    for (int64_t j = 0; j < s.N; j += 37) block(&s, A, B, C2, 0, s.M, j, j + 37 < s.N ? j + 37 : s.N);
+    for (int64_t i = 0; i < s.M; i += 13)
+      block(&s, A, B, C1, i, i + 13 < s.M ? i + 13 : s.M, 0, s.N);
+    for (int64_t j = 0; j < s.N; j += 37)
+      block(&s, A, B, C2, 0, s.M, j, j + 37 < s.N ? j + 37 : s.N);
     CHECK(!memcmp(C0, C1, (size_t)(s.M * s.N) * sizeof *C0));
     CHECK(!memcmp(C0, C2, (size_t)(s.M * s.N) * sizeof *C0));
     free(A), free(B), free(C0), free(C1), free(C2);
