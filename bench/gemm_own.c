@@ -39,21 +39,6 @@ static double time_one(int own, const rl_gemm *s, const float *a, const float *b
   return dt / (double)calls;
 }
 
-static int gpt_shapes(rl_gemm *g) { /* bench/gpt.c's gpt_roofline, default model */
-  const int64_t L = 4, H = 4, C = 128, T = 64, V = 114, B = 16, rows = B * T, hd = C / H;
-  int n = 0;
-  rl_linear(g, &n, rows, C, 3 * C, 1);
-  rl_linear(g, &n, rows, C, C, 1);
-  rl_linear(g, &n, rows, C, 4 * C, 1);
-  rl_linear(g, &n, rows, 4 * C, C, 1);
-  const rl_gemm att[6] = {{0, 1, T, T, hd, 1}, {0, 0, T, hd, T, 1}, {0, 1, T, T, hd, 1},
-                          {0, 0, T, hd, T, 1}, {1, 0, T, hd, T, 1}, {1, 0, T, hd, T, 1}};
-  for (int i = 0; i < 6; i++) g[n] = att[i], g[n++].count = B * H;
-  for (int i = 0; i < n; i++) g[i].count *= L;
-  rl_linear(g, &n, rows, C, V, 1);
-  return n;
-}
-
 static void run(const char *model, int batch, const rl_gemm *g, int n, int rounds) {
   double flop = 0, t_blas = 0, t_own = 0, t_dg = 0;
   for (int i = 0; i < n; i++) {
@@ -102,13 +87,12 @@ int main(int argc, char **argv) {
   dg_set_num_threads(1);
   openblas_set_num_threads(1);
   rl_gemm g[64];
+  static const int64_t mlp_dims[4] = {784, 512, 256, 10}; /* bench/mlp.c's model */
   for (int b = 64; b <= 256; b *= 4) {
     int n = 0;
-    rl_linear(g, &n, b, 784, 512, 0);
-    rl_linear(g, &n, b, 512, 256, 1);
-    rl_linear(g, &n, b, 256, 10, 1);
+    rl_mlp(g, &n, b, mlp_dims, 3);
     run("mlp", b, g, n, rounds);
   }
-  run("gpt", 16, g, gpt_shapes(g), rounds);
+  run("gpt", 16, g, rl_gpt(g, 16, 4, 4, 128, 64, 114), rounds); /* bench/gpt.c's defaults */
   return 0;
 }

@@ -54,23 +54,8 @@
 /* The step's GEMMs (see the top of the file). */
 static int gpt_roofline(const gpt_config *c, long B, int threads, rl_result *out) {
   rl_gemm g[64];
-  int n = 0;
-  int64_t rows = B * c->context, C = c->dim, T = c->context, hd = C / c->heads;
-  int64_t pairs = (B * c->heads + 1) / 2; /* causal: half of each (T, T) product */
-  if (c->heads <= 0 || C % c->heads) return -1; /* gpt_new says what is wrong */
-  rl_linear(g, &n, rows, C, 3 * C, 1);     /* c_attn */
-  rl_linear(g, &n, rows, C, C, 1);         /* attention c_proj */
-  rl_linear(g, &n, rows, C, 4 * C, 1);     /* c_fc */
-  rl_linear(g, &n, rows, 4 * C, C, 1);     /* MLP c_proj */
-  g[n++] = (rl_gemm){0, 1, T, T, hd, pairs}; /* S = q k^T */
-  g[n++] = (rl_gemm){0, 0, T, hd, T, pairs}; /* y = P v */
-  g[n++] = (rl_gemm){0, 1, T, T, hd, pairs}; /* dP = dy v^T */
-  g[n++] = (rl_gemm){0, 0, T, hd, T, pairs}; /* dq = dS k */
-  g[n++] = (rl_gemm){1, 0, T, hd, T, pairs}; /* dv = P^T dy */
-  g[n++] = (rl_gemm){1, 0, T, hd, T, pairs}; /* dk = dS^T q */
-  for (int i = 0; i < n; i++) g[i].count *= c->layers;
-  rl_linear(g, &n, rows, C, c->vocab, 1); /* head (tied or not: same products) */
-  return roofline_measure(g, n, threads, 40.0, out);
+  int n = rl_gpt(g, B, c->layers, c->heads, c->dim, c->context, c->vocab);
+  return n < 0 ? -1 : roofline_measure(g, n, threads, 40.0, out); /* gpt_new says what is wrong */
 }
 
 /* One step; returns the loss or NAN (message printed). x, y (B, T) i64. */

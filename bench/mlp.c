@@ -121,7 +121,7 @@ static float step(dg_ctx *ctx, mlp *m, float *x, int64_t *y, int64_t B, float lr
 static int mlp_roofline(long batch, int threads, rl_result *out) {
   rl_gemm g[3 * NLAYERS];
   int n = 0;
-  for (int l = 0; l < NLAYERS; l++) rl_linear(g, &n, batch, k_dims[l], k_dims[l + 1], l > 0);
+  rl_mlp(g, &n, batch, k_dims, NLAYERS);
   return roofline_measure(g, n, threads, 40.0, out);
 }
 

@@ -17,6 +17,31 @@ void rl_linear(rl_gemm *g, int *n, int64_t rows, int64_t in, int64_t out, int ne
   if (need_dx) g[(*n)++] = (rl_gemm){0, 0, rows, in, out, 1}; /* dx = dy W */
 }
 
+void rl_mlp(rl_gemm *g, int *n, int64_t rows, const int64_t *dims, int layers) {
+  for (int l = 0; l < layers; l++) rl_linear(g, n, rows, dims[l], dims[l + 1], l > 0);
+}
+
+int rl_gpt(rl_gemm *g, int64_t B, int64_t layers, int64_t heads, int64_t dim, int64_t context,
+           int64_t vocab) {
+  int n = 0;
+  int64_t rows = B * context, C = dim, T = context;
+  if (heads <= 0 || C % heads) return -1;
+  int64_t hd = C / heads, pairs = (B * heads + 1) / 2; /* causal: half of each (T, T) */
+  rl_linear(g, &n, rows, C, 3 * C, 1);       /* c_attn */
+  rl_linear(g, &n, rows, C, C, 1);           /* attention c_proj */
+  rl_linear(g, &n, rows, C, 4 * C, 1);       /* c_fc */
+  rl_linear(g, &n, rows, 4 * C, C, 1);       /* MLP c_proj */
+  g[n++] = (rl_gemm){0, 1, T, T, hd, pairs}; /* S = q k^T */
+  g[n++] = (rl_gemm){0, 0, T, hd, T, pairs}; /* y = P v */
+  g[n++] = (rl_gemm){0, 1, T, T, hd, pairs}; /* dP = dy v^T */
+  g[n++] = (rl_gemm){0, 0, T, hd, T, pairs}; /* dq = dS k */
+  g[n++] = (rl_gemm){1, 0, T, hd, T, pairs}; /* dv = P^T dy */
+  g[n++] = (rl_gemm){1, 0, T, hd, T, pairs}; /* dk = dS^T q */
+  for (int i = 0; i < n; i++) g[i].count *= layers;
+  rl_linear(g, &n, rows, C, vocab, 1); /* head (tied or not: same products) */
+  return n;
+}
+
 #if BENCH_OPENBLAS
 /* Seconds per product of one shape: best of 5 rounds, each at least
  * min_ms / 5 of back-to-back calls (the first call, untimed, warms up). */

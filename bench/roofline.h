@@ -22,6 +22,18 @@ typedef struct {
  * dW = dy^T x and, when need_dx, dx = dy W. Appends to g[*n] (room for 3). */
 void rl_linear(rl_gemm *g, int *n, int64_t rows, int64_t in, int64_t out, int need_dx);
 
+/* The GEMMs of an MLP step over dims[0..layers]: every layer's forward and
+ * weight gradient, the input gradient of all but the first (x needs none).
+ * Appends to g[*n] (room for 3 * layers). */
+void rl_mlp(rl_gemm *g, int *n, int64_t rows, const int64_t *dims, int layers);
+
+/* The GEMMs of a step of examples/transformer's model at batch B (bench/gpt.c):
+ * the linear layers, attention's six (T, T, head dim) products per (batch,
+ * head) counted at half (causal), the head. Writes g (room for 64); returns
+ * their number, or -1 when heads do not divide dim. */
+int rl_gpt(rl_gemm *g, int64_t B, int64_t layers, int64_t heads, int64_t dim, int64_t context,
+           int64_t vocab);
+
 typedef struct {
   double flop;    /* GEMM FLOP of one step (2 M N K per product) */
   double sgemm_s; /* OpenBLAS's time for them, seconds */

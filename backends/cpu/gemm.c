@@ -123,7 +123,9 @@ static int64_t split_step(int64_t len, int threads, int cols) {
 static int split_probe(const split_slot *e, int cols, float alpha, float beta) {
   int64_t M = e->M, N = e->N, K = e->K, len = cols ? N : M;
   int64_t step = split_step(len, e->threads, cols);
-  if ((double)(cols ? M * step : step * N) * K >= PROBE_MAX) return 1;
+  /* the own kernel's bits depend on K only (gemm_own.c): nothing to probe */
+  if (dg__sgemm_own_fits(M, N, K) || (double)(cols ? M * step : step * N) * K >= PROBE_MAX)
+    return 1;
   size_t na = (size_t)(M * K), nb = (size_t)(K * N), nc = (size_t)(M * N);
   if ((na + nb + 2 * nc) * sizeof(float) > PROBE_BYTES) return 0;
   float *a = dg__malloc((na + nb + 2 * nc) * sizeof(float));
@@ -136,10 +138,9 @@ static int split_probe(const split_slot *e, int cols, float alpha, float beta) {
   }
   memcpy(c2, c1, nc * sizeof(float));
   int64_t lda = e->ta ? M : K, ldb = e->tb ? K : N;
-  int own = dg__sgemm_own_fits(M, N, K);
-  sgemm1(own, e->ta, e->tb, M, N, K, alpha, a, lda, b, ldb, beta, c1, N);
+  sgemm1(0, e->ta, e->tb, M, N, K, alpha, a, lda, b, ldb, beta, c1, N);
   /* the blocks as the split itself cuts them (gemm_task), one after another */
-  gemm_job j = {own, e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, step, alpha, beta, a, b, c2};
+  gemm_job j = {0, e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, step, alpha, beta, a, b, c2};
   for (int t = 0; t * step < len; t++) gemm_task(&j, t);
   int same = !memcmp(c1, c2, nc * sizeof(float));
   dg__free(a);

@@ -25,11 +25,6 @@
 #include "dgrad_config.h"
 #include "backends/cpu/cpu_impl.h"
 #include "base/common_impl.h"
-#include "base/trace_impl.h"
-
-#if DG_HAVE_BLAS
-#include <cblas.h>
-#endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
