@@ -23,8 +23,9 @@ typedef struct {
 } dg__att_args;
 
 struct dg__kern_attention {
-  /* floats of scratch forward (with P NULL) and backward need (0: none) */
-  int64_t (*scratch)(int64_t B, int64_t H, int64_t T);
+  /* floats of scratch forward (with_tt 0 when it keeps P, 1 when not) and
+   * backward (with_tt 1) need, for heads of hd; 0: none */
+  int64_t (*scratch)(int64_t B, int64_t H, int64_t T, int64_t hd, int with_tt);
   void (*forward)(const dg__att_args *a);
   void (*backward)(const dg__att_args *a);
 };

@@ -18,9 +18,11 @@
 #include "backends/kern_attention.h"
 #include "core/core_impl.h"
 
-/* a->scratch: the kernels' scratch from the arena (none when they need none). */
-static int att_scratch(dg_ctx *ctx, const char *op, const dg__backend *be, dg__att_args *a) {
-  a->nscratch = be->attention->scratch(a->B, a->H, a->T);
+/* a->scratch: the kernels' scratch from the arena (none when they need
+ * none); with_tt as the kernels' scratch() says. */
+static int att_scratch(dg_ctx *ctx, const char *op, const dg__backend *be, dg__att_args *a,
+                       int with_tt) {
+  a->nscratch = be->attention->scratch(a->B, a->H, a->T, a->C / a->H, with_tt);
   a->scratch = NULL;
   if (a->nscratch <= 0) return DG_OK;
   a->scratch = dg__op_data(ctx, (size_t)a->nscratch * sizeof(float));
@@ -42,7 +44,7 @@ static int attention_backward(dg_ctx *ctx, dg_node *n) {
   a.dqkv = dg__grad_buf_w(ctx, n->in[0], &ow);
   if (!a.dqkv) return ctx->err;
   a.acc = !ow;
-  if (att_scratch(ctx, "attention backward", be, &a)) return ctx->err;
+  if (att_scratch(ctx, "attention backward", be, &a, 1)) return ctx->err;
   be->attention->backward(&a);
   return DG_OK;
 }
@@ -74,9 +76,8 @@ dg_tensor *dg_attention(dg_ctx *ctx, dg_tensor *qkv, int heads, int causal, floa
     P = dg__new(ctx, "attention", DG_F32, 4, pshape);
     if (!P) return NULL;
     a.P = P->data;
-  } else if (att_scratch(ctx, "attention", be, &a)) {
-    return NULL;
   }
+  if (att_scratch(ctx, "attention", be, &a, !grad)) return NULL;
   be->attention->forward(&a);
   if (grad) {
     dg_node *n = dg__record(ctx, "attention", attention_backward, y, 1, &qkv);

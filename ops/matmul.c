@@ -263,9 +263,7 @@ static dg_tensor *linear_impl(dg_ctx *ctx, const char *op, dg_tensor *x, dg_tens
   const float *bp = b ? dg__contig_data(ctx, "linear", b) : NULL;
   const float *rp = res ? dg__contig_data(ctx, "linear", res) : NULL;
   if ((b && !bp) || (res && !rp)) return NULL;
-  be->blas->fill_rows(yp, rp, bp, R, O);
-  be->blas->sgemm(0, !W.colmajor, R, O, I, 1.0f, xp, ldx, W.p, W.ld, b || res ? 1.0f : 0.0f, yp,
-                  O);
+  be->blas->sgemm_add(0, !W.colmajor, R, O, I, xp, ldx, W.p, W.ld, rp, bp, yp, O);
   if (dg__needs_grad(ctx, res ? 4 : 3, in)) {
     dg_node *n = dg__record(ctx, "linear", linear_backward, y, res ? 4 : b ? 3 : 2, in);
     if (!n || dg__save(ctx, n, x) || dg__save(ctx, n, w)) return NULL;

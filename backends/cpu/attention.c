@@ -18,10 +18,14 @@
  *
  * written straight into the (B, T, 3C) gradient of qkv (the first writer
  * overwrites). With a causal mask the GEMMs go by blocks of ATT_BLK rows and
- * skip the blocks above the diagonal. (b, h) pairs run on the compute pool;
- * each task calls the single-threaded GEMM. Nothing is allocated outside the
- * arena: P (B, H, T, T) is saved, the backward's dP/dS is per-task scratch
- * (the op takes it from its arena). */
+ * skip the blocks above the diagonal. Where the process uses dgrad's own
+ * SGEMM (gemm_own.c: AMD's AVX-512 cores) the products run instead on its
+ * unpacked small-product kernel by tiles of 8 rows (fwd_pair_own,
+ * bwd_pair_own): OpenBLAS's small-matrix paths ran these 32 x 32 x 32
+ * products at half the core's FMA rate. (b, h) pairs run on the compute
+ * pool; each task calls the single-threaded GEMM. Nothing is allocated
+ * outside the arena: P (B, H, T, T) is saved, k^T or v^T and the
+ * backward's dP/dS are per-task scratch (the op takes it from its arena). */
 #include <math.h>
 #include <string.h>
 
@@ -141,17 +145,27 @@ DG_SIMD_FN(softmax_grad_rows,
 typedef struct {
   int64_t B, T, C, H, hd;
   int causal, ntasks;
+  int64_t stride;   /* scratch floats per task (task_floats) */
   float scale;
   const float *qkv; /* (B, T, 3C) */
   float *y;         /* (B, T, C) */
-  float *P;         /* (B, H, T, T) saved, or (ntasks, T, T) scratch */
+  float *P;         /* (B, H, T, T) saved (NULL with P_scratch) */
   int P_scratch;
   /* backward */
   const float *dy;  /* (B, T, C) */
   float *dqkv;      /* (B, T, 3C) */
-  float *dS;        /* (ntasks, T, T) scratch */
+  float *scratch;   /* per task: (hd, T) for k^T or v^T, then (T, T) for P or dS */
   float beta;       /* 0: first write into dqkv */
+  int own;          /* dgrad's own small-product kernel (dg__sgemm_own_on) */
 } att_job;
+
+/* Scratch floats per task: (hd, T) for k^T or v^T, then (T, T) for P or
+ * dS where with_tt (forward with P not kept, backward); whole 64-byte lines.
+ * And the rows per tile on the own kernel's path (its micro-tile height). */
+static int64_t task_floats(int64_t T, int64_t hd, int with_tt) {
+  return (hd * T + (with_tt ? T * T : 0) + 15) & ~(int64_t)15;
+}
+#define OWN_ROWS 8
 
 /* [lo, hi) of the B*H pairs for task t */
 static void task_range(const att_job *j, int t, int64_t *lo, int64_t *hi) {
@@ -174,21 +188,59 @@ static void fwd_pair(const att_job *j, int64_t bh, float *P /* (T, T) */) {
   }
 }
 
+/* With dgrad's own kernel (gemm_own.c): by tiles of OWN_ROWS rows, the
+ * causal ones cut to the columns their 16-lane vectors reach (5/8 of T x T
+ * at T = 64 against 3/4 by ATT_BLK), k^T turned once into kT (hd, T) and
+ * every operand read in place by dg__sgemm_small. */
+static void fwd_pair_own(const att_job *j, int64_t bh, float *P /* (T, T) */,
+                         float *kT /* (hd, T) */) {
+  int64_t b = bh / j->H, h = bh % j->H, T = j->T, C = j->C, hd = j->hd, ld = 3 * C;
+  const float *q = j->qkv + b * T * ld + h * hd, *k = q + C, *v = q + 2 * C; /* (T, hd), ld 3C */
+  float *y = j->y + b * T * C + h * hd;                                       /* (T, hd), ld C */
+  dg__transpose(k, ld, T, hd, kT, T);
+  for (int64_t r0 = 0; r0 < T; r0 += OWN_ROWS) {
+    int64_t r1 = DG_MIN(r0 + OWN_ROWS, T), m = r1 - r0;
+    int64_t nc = j->causal ? DG_MIN((r1 + 15) & ~(int64_t)15, T) : T; /* softmax reads to nv */
+    /* S[r0:r1, 0:nc] = scale * q[r0:r1] kT[:, 0:nc] */
+    dg__sgemm_small(m, nc, hd, j->scale, q + r0 * ld, ld, 1, kT, T, 0.0f, P + r0 * T, T);
+    softmax_rows(P, r0, r1, T, j->causal);
+    /* y[r0:r1] = P[r0:r1, 0:n] v[0:n] */
+    dg__sgemm_small(m, hd, j->causal ? r1 : T, 1.0f, P + r0 * T, T, 1, v, ld, 0.0f, y + r0 * C,
+                    C);
+  }
+}
+
 static void fwd_task(void *arg, int t) {
   const att_job *j = arg;
   int64_t lo, hi, TT = j->T * j->T;
+  float *mine = j->scratch + t * j->stride; /* kT, then P's scratch */
   task_range(j, t, &lo, &hi);
-  for (int64_t bh = lo; bh < hi; bh++)
-    fwd_pair(j, bh, j->P_scratch ? j->P + t * TT : j->P + bh * TT);
+  for (int64_t bh = lo; bh < hi; bh++) {
+    float *P = j->P_scratch ? mine + j->hd * j->T : j->P + bh * TT;
+    if (j->own) fwd_pair_own(j, bh, P, mine);
+    else fwd_pair(j, bh, P);
+  }
+}
+
+/* Pair bh's q (then k, v), dq (then dk, dv), dy and P in backward. */
+typedef struct {
+  const float *q, *dy, *P;
+  float *dq;
+} bwd_ptrs;
+
+static bwd_ptrs bwd_at(const att_job *j, int64_t bh) {
+  int64_t b = bh / j->H, h = bh % j->H, T = j->T, C = j->C;
+  int64_t off = b * T * 3 * C + h * j->hd;
+  return (bwd_ptrs){j->qkv + off, j->dy + b * T * C + h * j->hd, j->P + bh * T * T,
+                    j->dqkv + off};
 }
 
 static void bwd_pair(const att_job *j, int64_t bh, float *dS /* (T, T) */) {
-  int64_t b = bh / j->H, h = bh % j->H, T = j->T, C = j->C, hd = j->hd, ld = 3 * C;
-  int64_t off = b * T * ld + h * hd;
-  const float *q = j->qkv + off, *k = q + C, *v = q + 2 * C; /* (T, hd), ld 3C */
-  float *dq = j->dqkv + off, *dk = dq + C, *dv = dq + 2 * C; /* (T, hd), ld 3C */
-  const float *dy = j->dy + b * T * C + h * hd;              /* (T, hd), ld C */
-  const float *P = j->P + bh * T * T;                        /* (T, T) */
+  int64_t T = j->T, C = j->C, hd = j->hd, ld = 3 * C;
+  bwd_ptrs p = bwd_at(j, bh);
+  const float *q = p.q, *k = q + C, *v = q + 2 * C;     /* (T, hd), ld 3C */
+  float *dq = p.dq, *dk = dq + C, *dv = dq + 2 * C;     /* (T, hd), ld 3C */
+  const float *dy = p.dy, *P = p.P;                     /* (T, hd) ld C; (T, T) */
   float beta = j->beta;
   for (int64_t r0 = 0; r0 < T; r0 += ATT_BLK) {
     int64_t r1 = DG_MIN(r0 + ATT_BLK, T), nc = j->causal ? r1 : T;
@@ -209,11 +261,46 @@ static void bwd_pair(const att_job *j, int64_t bh, float *dS /* (T, T) */) {
   }
 }
 
+/* bwd_pair with dgrad's own kernel, tiles as fwd_pair_own; dv and dk by
+ * tiles of their rows, each over the query rows that see it. */
+static void bwd_pair_own(const att_job *j, int64_t bh, float *dS /* (T, T) */,
+                         float *vT /* (hd, T) */) {
+  int64_t T = j->T, C = j->C, hd = j->hd, ld = 3 * C;
+  bwd_ptrs p = bwd_at(j, bh);
+  const float *q = p.q, *k = q + C, *v = q + 2 * C;     /* (T, hd), ld 3C */
+  float *dq = p.dq, *dk = dq + C, *dv = dq + 2 * C;     /* (T, hd), ld 3C */
+  const float *dy = p.dy, *P = p.P;                     /* (T, hd) ld C; (T, T) */
+  float beta = j->beta;
+  dg__transpose(v, ld, T, hd, vT, T);
+  for (int64_t r0 = 0; r0 < T; r0 += OWN_ROWS) {
+    int64_t r1 = DG_MIN(r0 + OWN_ROWS, T), m = r1 - r0;
+    int64_t nc = j->causal ? DG_MIN((r1 + 15) & ~(int64_t)15, T) : T;
+    /* dP[r0:r1, 0:nc] = dy[r0:r1] vT[:, 0:nc], then dS in place */
+    dg__sgemm_small(m, nc, hd, 1.0f, dy + r0 * C, C, 1, vT, T, 0.0f, dS + r0 * T, T);
+    softmax_grad_rows(dS, P, r0, r1, T, j->causal, j->scale);
+    /* dq[r0:r1] = dS[r0:r1, 0:n] k[0:n] */
+    dg__sgemm_small(m, hd, j->causal ? r1 : T, 1.0f, dS + r0 * T, T, 1, k, ld, beta,
+                    dq + r0 * ld, ld);
+  }
+  for (int64_t c0 = 0; c0 < T; c0 += OWN_ROWS) {
+    int64_t c1 = DG_MIN(c0 + OWN_ROWS, T), i0 = j->causal ? c0 : 0;
+    /* dv[c0:c1] = P[i0:T, c0:c1]^T dy[i0:T];  dk[c0:c1] = dS[i0:T, c0:c1]^T q[i0:T] */
+    dg__sgemm_small(c1 - c0, hd, T - i0, 1.0f, P + i0 * T + c0, 1, T, dy + i0 * C, C, beta,
+                    dv + c0 * ld, ld);
+    dg__sgemm_small(c1 - c0, hd, T - i0, 1.0f, dS + i0 * T + c0, 1, T, q + i0 * ld, ld, beta,
+                    dk + c0 * ld, ld);
+  }
+}
+
 static void bwd_task(void *arg, int t) {
   const att_job *j = arg;
   int64_t lo, hi;
+  float *mine = j->scratch + t * j->stride; /* vT, then dS */
   task_range(j, t, &lo, &hi);
-  for (int64_t bh = lo; bh < hi; bh++) bwd_pair(j, bh, j->dS + t * j->T * j->T);
+  for (int64_t bh = lo; bh < hi; bh++) {
+    if (j->own) bwd_pair_own(j, bh, mine + j->hd * j->T, mine);
+    else bwd_pair(j, bh, mine + j->hd * j->T);
+  }
 }
 
 /* Enough tasks to balance the pool, few enough that scratch stays small. */
@@ -222,44 +309,41 @@ static int att_ntasks(int64_t pairs) {
   return (int)DG_MAX(1, DG_MIN(pairs, n));
 }
 
-/* Tasks for `pairs` (b, h) pairs, at most one (T, T) block of the
- * caller's scratch each. */
-static int scratch_tasks(const dg__att_args *a, int64_t pairs) {
+/* Tasks for `pairs` (b, h) pairs, at most one task's scratch (stride
+ * floats) each of the caller's. */
+static int scratch_tasks(const dg__att_args *a, int64_t pairs, int64_t stride) {
   int nt = att_ntasks(pairs);
-  int64_t TT = a->T * a->T;
-  if (TT > 0 && a->nscratch / TT < nt) nt = (int)DG_MAX((int64_t)1, a->nscratch / TT);
+  if (stride > 0 && a->nscratch / stride < nt) nt = (int)DG_MAX((int64_t)1, a->nscratch / stride);
   return nt;
 }
 
-static int64_t cpu_att_scratch(int64_t B, int64_t H, int64_t T) {
+static int64_t cpu_att_scratch(int64_t B, int64_t H, int64_t T, int64_t hd, int with_tt) {
   if (B * H * T == 0) return 0;
-  return (int64_t)att_ntasks(B * H) * T * T;
+  return (int64_t)att_ntasks(B * H) * task_floats(T, hd, with_tt);
 }
 
 static void cpu_att_forward(const dg__att_args *a) {
   att_job j = {.B = a->B, .T = a->T, .C = a->C, .H = a->H, .causal = a->causal,
-               .scale = a->scale, .qkv = a->qkv, .y = a->y};
+               .scale = a->scale, .qkv = a->qkv, .y = a->y, .scratch = a->scratch,
+               .own = dg__sgemm_own_on()};
   j.hd = j.C / j.H;
   if (j.B * j.H * j.T == 0) return;
-  if (a->P) {
-    j.ntasks = att_ntasks(j.B * j.H);
-    j.P = a->P;
-  } else {
-    j.ntasks = scratch_tasks(a, j.B * j.H);
-    j.P = a->scratch;
-    j.P_scratch = 1;
-  }
+  j.P = a->P;
+  j.P_scratch = !a->P;
+  j.stride = task_floats(j.T, j.hd, j.P_scratch);
+  j.ntasks = scratch_tasks(a, j.B * j.H, j.stride);
   dg__parallel_for(j.ntasks, fwd_task, &j);
 }
 
 static void cpu_att_backward(const dg__att_args *a) {
   att_job j = {.B = a->B, .T = a->T, .C = a->C, .H = a->H, .causal = a->causal,
                .scale = a->scale, .qkv = a->qkv, .P = a->P, .dy = a->dy, .dqkv = a->dqkv,
-               .beta = a->acc ? 1.0f : 0.0f};
+               .beta = a->acc ? 1.0f : 0.0f, .scratch = a->scratch,
+               .own = dg__sgemm_own_on()};
   j.hd = j.C / j.H;
   if (j.B * j.H * j.T == 0) return;
-  j.ntasks = scratch_tasks(a, j.B * j.H);
-  j.dS = a->scratch;
+  j.stride = task_floats(j.T, j.hd, 1);
+  j.ntasks = scratch_tasks(a, j.B * j.H, j.stride);
   dg__parallel_for(j.ntasks, bwd_task, &j);
 }
 

@@ -133,6 +133,7 @@ void dg__grad_pass(float *d, const float *s, int64_t n, int acc) {
 
 const struct dg__kern_blas dg__cpu_kern_blas = {
     .sgemm = dg__sgemm,
+    .sgemm_add = dg__sgemm_add,
     .colsum = dg__colsum,
     .fill_rows = dg__fill_rows,
     .grad_pass = dg__grad_pass,

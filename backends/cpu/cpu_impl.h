@@ -39,6 +39,10 @@ extern const struct dg__kern_blas dg__cpu_kern_blas;
  * the stored row lengths. */
 void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* C = op(A) op(B) + res + bias (kern_blas.h's sgemm_add). */
+void dg__sgemm_add(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                   const float *B, int64_t ldb, const float *res, const float *bias, float *C,
+                   int64_t ldc);
 
 /* dgrad's own AVX-512 SGEMM (gemm_own.c), same contract as dg__sgemm on
  * one thread. Returns 0, or -1 without doing anything where it does not
@@ -46,6 +50,12 @@ void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, con
  * buffers): the caller then runs OpenBLAS. */
 int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* The same with C = alpha op(A) op(B) + res + bias where res (M, N; at C's
+ * row stride) or bias (N, added to every row) is given, beta unused: the
+ * bits of a fill of C with res + bias and beta 1, without the fill. */
+int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                      const float *res, const float *bias, float *C, int64_t ldc);
 /* Whether the CPU can run it (AVX-512F). */
 int dg__sgemm_own_cpu(void);
 /* Makes packing buffers for n products at once (the compute threads of a
@@ -57,6 +67,19 @@ void dg__sgemm_own_reserve(int n);
  * function of the CPU and the shape alone, so every process on a machine
  * rounds alike and every block of a split product takes the whole's path. */
 int dg__sgemm_own_fits(int64_t M, int64_t N, int64_t K);
+/* Whether this process uses it at all (the CPU's choice, as above). */
+int dg__sgemm_own_on(void);
+/* C (M, N) = alpha * sum_k A(i, k) B(k, j) + beta * C (beta 0: C not read),
+ * A(i, k) = A[i * ars + k * aks] (either operand layout), B row-major:
+ * nothing packed, for operands already in L1 or L2 (attention's per-head
+ * products). Each element is one FMA chain over k in order. Only where
+ * dg__sgemm_own_on (elsewhere a plain loop). */
+void dg__sgemm_small(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t ars,
+                     int64_t aks, const float *B, int64_t ldb, float beta, float *C,
+                     int64_t ldc);
+/* D[c * ldd + r] = S[r * lds + c] for r < rows, c < cols. */
+void dg__transpose(const float *S, int64_t lds, int64_t rows, int64_t cols, float *D,
+                   int64_t ldd);
 
 /* db(O) (+)= column sums of dy(R, O); overwrite: store, do not add. */
 void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite);

@@ -14,12 +14,23 @@
 #include <cblas.h>
 #endif
 
-/* own: the whole product's dg__sgemm_own_fits, passed to each of its blocks */
+/* C (M, N) = res + bias (either NULL), at C's stride. */
+static void fill_block(float *C, int64_t ldc, const float *res, const float *bias, int64_t M,
+                       int64_t N) {
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++)
+      C[i * ldc + j] = res && bias ? res[i * ldc + j] + bias[j] : res ? res[i * ldc + j] : bias[j];
+}
+
+/* own: the whole product's dg__sgemm_own_fits, passed to each of its
+ * blocks. res/bias (dg__sgemm_add's, at this block) replace beta C. */
 static void sgemm1(int own, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                   int64_t ldc) {
+                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                   const float *res, const float *bias, float *C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
-  if (own && !dg__sgemm_own(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  if (own && !dg__sgemm_own_add(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, res, bias, C, ldc))
+    return;
+  if (res || bias) fill_block(C, ldc, res, bias, M, N), beta = 1.0f; /* the own kernel declined */
   if (K <= 0) {
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
@@ -75,6 +86,7 @@ typedef struct {
   float alpha, beta;
   const float *A, *B;
   float *C;
+  const float *res, *bias; /* own kernel only: dg__sgemm_add's */
 } gemm_job;
 
 static void gemm_task(void *arg, int t) {
@@ -84,11 +96,11 @@ static void gemm_task(void *arg, int t) {
   if (j->by_cols) { /* columns [lo, hi) of op(B) and C */
     const float *b = j->tb ? j->B + lo * j->ldb : j->B + lo;
     sgemm1(j->own, j->ta, j->tb, j->M, hi - lo, j->K, j->alpha, j->A, j->lda, b, j->ldb, j->beta,
-           j->C + lo, j->ldc);
+           j->res ? j->res + lo : NULL, j->bias ? j->bias + lo : NULL, j->C + lo, j->ldc);
   } else { /* rows [lo, hi) of op(A) and C */
     const float *a = j->ta ? j->A + lo : j->A + lo * j->lda;
     sgemm1(j->own, j->ta, j->tb, hi - lo, j->N, j->K, j->alpha, a, j->lda, j->B, j->ldb, j->beta,
-           j->C + lo * j->ldc, j->ldc);
+           j->res ? j->res + lo * j->ldc : NULL, j->bias, j->C + lo * j->ldc, j->ldc);
   }
 }
 
@@ -138,9 +150,10 @@ static int split_probe(const split_slot *e, int cols, float alpha, float beta) {
   }
   memcpy(c2, c1, nc * sizeof(float));
   int64_t lda = e->ta ? M : K, ldb = e->tb ? K : N;
-  sgemm1(0, e->ta, e->tb, M, N, K, alpha, a, lda, b, ldb, beta, c1, N);
+  sgemm1(0, e->ta, e->tb, M, N, K, alpha, a, lda, b, ldb, beta, NULL, NULL, c1, N);
   /* the blocks as the split itself cuts them (gemm_task), one after another */
-  gemm_job j = {0, e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, step, alpha, beta, a, b, c2};
+  gemm_job j = {0, e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, step, alpha, beta, a, b, c2,
+                NULL, NULL};
   for (int t = 0; t * step < len; t++) gemm_task(&j, t);
   int same = !memcmp(c1, c2, nc * sizeof(float));
   dg__free(a);
@@ -182,12 +195,19 @@ static void split_record(split_slot *e, int cols, int64_t ns) {
     e->pick = e->ns[1] < e->ns[0];
 }
 
-void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* dg__sgemm, or with res/bias dg__sgemm_add (alpha 1). */
+static void sgemm_any(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                      const float *res, const float *bias, float *C, int64_t ldc) {
   int threads = dg_get_num_threads(), own = dg__sgemm_own_fits(M, N, K);
+  if ((res || bias) && !own && M > 0 && N > 0) { /* OpenBLAS: fill, then accumulate */
+    if (ldc == N) dg__fill_rows(C, res, bias, M, N);
+    else fill_block(C, ldc, res, bias, M, N);
+    res = bias = NULL, beta = 1.0f;
+  }
   /* below ~0.5 MFLOP the fork/join costs more than it saves */
   if (threads <= 1 || M <= 0 || N <= 0 || (double)M * N * K < 262144.0) {
-    sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, res, bias, C, ldc);
     return;
   }
   if (own) dg__sgemm_own_reserve(threads); /* every block's buffers, before any step counts */
@@ -200,10 +220,11 @@ void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, con
   int cols = split_pick(&shape, can, alpha, beta, &timing);
   pthread_mutex_unlock(&g_split_mu);
   if (cols < 0) { /* no split gives the whole's bits */
-    sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, res, bias, C, ldc);
     return;
   }
-  gemm_job j = {own, ta, tb, cols, threads, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C};
+  gemm_job j = {own, ta, tb, cols, threads, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C,
+                res, bias};
   int64_t len = cols ? N : M;
   j.step = split_step(len, threads, cols);
   j.ntasks = (int)((len + j.step - 1) / j.step);
@@ -215,4 +236,18 @@ void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, con
     split_record(timing, cols, dt);
     pthread_mutex_unlock(&g_split_mu);
   }
+}
+
+void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  sgemm_any(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, NULL, C, ldc);
+}
+
+/* On the own kernel res + bias go in with the first pass's stores (no fill
+ * pass over C, and C is not read back); elsewhere C is filled and the GEMM
+ * accumulates, with the same bits. */
+void dg__sgemm_add(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                   const float *B, int64_t ldb, const float *res, const float *bias, float *C,
+                   int64_t ldc) {
+  sgemm_any(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, res, bias, C, ldc);
 }

@@ -8,8 +8,8 @@
  *
  * Rows go by blocks of MLP_BLOCK_FLOATS / F, so g lives only in a block
  * of step scratch (reused by every layer) and the element-wise passes run
- * on L2-resident blocks. Biases are copied into the GEMM outputs first
- * (beta 1 instead of OpenBLAS's clearing for beta 0). Against linear + gelu + linear this keeps one
+ * on L2-resident blocks. Biases (and the residual) go in with the GEMMs
+ * (dg__sgemm_add). Against linear + gelu + linear this keeps one
  * (R, F) activation per layer instead of two, drops two (R, F) gradients
  * from backward, and the GELU input, output and gradient never stream
  * through memory. Backward, per row block, with dy (m, O):
@@ -111,12 +111,10 @@ static void mlp_fwd_rows(const float *x, const float *w1, const float *b1, const
   for (int64_t r0 = 0; r0 < R; r0 += rb) {
     int64_t m = DG_MIN(rb, R - r0);
     float *hb = h_whole ? h + r0 * F : h, *yb = y + r0 * O;
-    dg__fill_rows(hb, NULL, b1, m, F);
-    dg__sgemm(0, 1, m, F, C, 1.0f, x + r0 * C, C, w1, C, b1 ? 1.0f : 0.0f, hb, F); /* + x w1^T */
+    dg__sgemm_add(0, 1, m, F, C, x + r0 * C, C, w1, C, NULL, b1, hb, F); /* b1 + x w1^T */
     ew_job j = {.h = hb, .g = g, .F = F};
     dg__parallel_range(m, row_grain(F), gelu_rows_task, &j);
-    dg__fill_rows(yb, res ? res + r0 * O : NULL, b2, m, O);
-    dg__sgemm(0, 1, m, O, F, 1.0f, g, F, w2, F, b2 || res ? 1.0f : 0.0f, yb, O); /* + g w2^T */
+    dg__sgemm_add(0, 1, m, O, F, g, F, w2, F, res ? res + r0 * O : NULL, b2, yb, O); /* + g w2^T */
   }
 }
 

@@ -103,6 +103,7 @@ static double max_abs_diff(const float *a, const float *b, int64_t n, double *sc
 static void vs_unfused(int threads) {
   static const att_case cases[] = {
       {16, 64, 128, 4, 1}, {2, 130, 64, 2, 1}, {3, 17, 24, 3, 0}, {1, 1, 8, 2, 1}, {5, 9, 40, 5, 1},
+      {2, 40, 128, 2, 1}, {2, 33, 96, 2, 0}, /* heads of 64 and 48: two column blocks */
   };
   dg_set_num_threads(threads);
   dg_ctx *ctx = NULL;

@@ -6,8 +6,10 @@
  * alone gives the whole's bits (also where the block runs as its transpose
  * and the whole does not); beta 0 does not read C (NaN stays out);
  * nothing outside C's (M, N) is written. Last, dg__sgemm pinned to the own
- * kernel (DG_GEMM=own) gives 1 thread's bits on 2 threads. Skipped (77) on
- * a CPU without AVX-512F. */
+ * kernel (DG_GEMM=own) gives 1 thread's bits on 2 threads, and
+ * dg__sgemm_small (attention's unpacked products) against the reference,
+ * and dg__sgemm_add's fused residual and bias against a fill of C.
+ * Skipped (77) on a CPU without AVX-512F. */
 #include <dgrad.h>
 #include <math.h>
 #include <stdint.h>
@@ -169,6 +171,95 @@ static void test_threads(void) {
   dg_set_num_threads(1);
 }
 
+/* dg__sgemm_small (attention's per-head products): A read either way
+ * (rows along k, or columns: ars 1), B's rows in place, strides past the
+ * matrices, K 0, beta 0 over NaN; the double reference to float rounding,
+ * and nothing past C's N columns written. */
+static void test_small(void) {
+  static const int64_t Ms[] = {1, 7, 8, 9, 17};
+  static const int64_t Ns[] = {1, 15, 16, 17, 32, 33, 70};
+  static const int64_t Ks[] = {0, 1, 5, 33, 64};
+  int n = 0;
+  for (int ta = 0; ta < 2; ta++)
+    for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++)
+      for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
+          int64_t M = Ms[mi], N = Ns[ni], K = Ks[ki], pad = (mi + ni + ki) % 3 + 1;
+          int64_t lda = (ta ? M : K) + pad, ldb = N + 2 * pad, ldc = N + pad;
+          int64_t ars = ta ? 1 : lda, aks = ta ? lda : 1;
+          float alpha = ki % 2 ? 0.5f : 1.0f, beta = (mi + ni) % 2 ? 0.75f : 0.0f;
+          float *A = rnd_buf((size_t)(lda * (ta ? K : M) + 1));
+          float *B = rnd_buf((size_t)(ldb * K + 1)), *C = rnd_buf((size_t)(M * ldc));
+          float *C0 = malloc((size_t)(M * ldc) * sizeof *C0);
+          REQUIRE(C0);
+          if (beta == 0.0f)
+            for (int64_t i = 0; i < M * ldc; i++) C[i] = NAN; /* must not be read */
+          memcpy(C0, C, (size_t)(M * ldc) * sizeof *C);
+          dg__sgemm_small(M, N, K, alpha, A, ars, aks, B, ldb, beta, C, ldc);
+          int bad = 0;
+          for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < ldc; j++) {
+              float got = C[i * ldc + j], old = C0[i * ldc + j];
+              if (j >= N) { /* outside C: untouched */
+                bad += !(isnan(old) ? isnan(got) : got == old);
+                continue;
+              }
+              double ref = 0, mag = 0;
+              for (int64_t k = 0; k < K; k++) {
+                double p = (double)A[i * ars + k * aks] * B[k * ldb + j];
+                ref += p, mag += fabs(p);
+              }
+              ref *= alpha, mag *= alpha;
+              if (beta != 0.0f) ref += (double)beta * old, mag += fabs((double)beta * old);
+              bad += !(fabs(got - ref) <= (double)(K + 4) * 1.2e-7 * mag + 1e-30);
+            }
+          if (bad)
+            fprintf(stderr, "small: ta %d %lldx%lldx%lld: %d bad\n", ta, (long long)M,
+                    (long long)N, (long long)K, bad);
+          CHECK_EQ_INT(bad, 0);
+          free(A), free(B), free(C), free(C0);
+          n++;
+        }
+  fprintf(stderr, "small: %d shapes\n", n);
+}
+
+/* dg__sgemm_add: res + bias go in with the own kernel's first pass and
+ * must give the bits of a fill of C and beta 1 (what OpenBLAS's path does),
+ * on every layout, as the transposed product (64 x 96 x 300, x W^T), split
+ * over 2 threads, and with K over one pass. */
+static void test_add(void) {
+  static const int64_t shapes[][3] = {{96, 320, 200}, {64, 96, 300}, {40, 72, 700}};
+  int n = 0;
+  for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+    for (int t = 0; t < 4; t++)
+      for (int what = 1; what < 4; what++) /* 1 res, 2 bias, 3 both */
+        for (int th = 1; th <= 2; th++) {
+          int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+          int ta = t & 1, tb = t >> 1;
+          CHECK(dg__sgemm_own_fits(M, N, K));
+          float *A = rnd_buf((size_t)(M * K)), *B = rnd_buf((size_t)(K * N));
+          float *res = what & 1 ? rnd_buf((size_t)(M * N)) : NULL;
+          float *bias = what & 2 ? rnd_buf((size_t)N) : NULL;
+          float *C1 = malloc((size_t)(M * N) * sizeof *C1), *C2 = malloc((size_t)(M * N) * 4);
+          REQUIRE(C1 && C2);
+          dg_set_num_threads(th);
+          for (int64_t i = 0; i < M * N; i++) {
+            C1[i] = res && bias ? res[i] + bias[i % N] : res ? res[i] : bias[i % N];
+            C2[i] = NAN; /* not read */
+          }
+          dg__sgemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 1.0f, C1, N);
+          dg__sgemm_add(ta, tb, M, N, K, A, ta ? M : K, B, tb ? K : N, res, bias, C2, N);
+          if (memcmp(C1, C2, (size_t)(M * N) * sizeof *C1))
+            fprintf(stderr, "add: ta %d tb %d %lldx%lldx%lld what %d threads %d differs\n", ta,
+                    tb, (long long)M, (long long)N, (long long)K, what, th);
+          CHECK(!memcmp(C1, C2, (size_t)(M * N) * sizeof *C1));
+          free(A), free(B), free(res), free(bias), free(C1), free(C2);
+          n++;
+        }
+  dg_set_num_threads(1);
+  fprintf(stderr, "add: %d cases\n", n);
+}
+
 int main(void) {
   if (!dg__sgemm_own_cpu()) TEST_SKIP("no AVX-512F on this CPU");
   setenv("DG_GEMM", "own", 1); /* before dg__sgemm's first call decides */
@@ -176,5 +267,7 @@ int main(void) {
   test_reference();
   test_blocks();
   test_threads();
+  test_small();
+  test_add();
   TEST_DONE();
 }
