@@ -396,7 +396,7 @@ int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
 }
 
 /* ---- small products of operands already in cache (attention's per-head
- * products, gemm_own.h's dg__sgemm_small): nothing packed ---- */
+ * products; dg__sgemm_small in cpu_impl.h): nothing packed ---- */
 
 /* C (mr, nr) = alpha * acc + (beta == 0 ? 0 : beta * C), acc (MR, nv * 16)
  * = sum over k < K of A(r, k) B(k, c), A(r, k) = a[r * ars + k * aks], B's
