@@ -222,42 +222,42 @@ static void fwd_task(void *arg, int t) {
   }
 }
 
-/* Pair bh's q (then k, v), dq (then dk, dv), dy and P in backward. */
+/* Pair bh's operands in backward: q, k, v and dq, dk, dv (T, hd) at row
+ * stride 3C, dy (T, hd) at C, P (T, T). */
 typedef struct {
-  const float *q, *dy, *P;
-  float *dq;
+  const float *q, *k, *v, *dy, *P;
+  float *dq, *dk, *dv;
 } bwd_ptrs;
 
 static bwd_ptrs bwd_at(const att_job *j, int64_t bh) {
   int64_t b = bh / j->H, h = bh % j->H, T = j->T, C = j->C;
   int64_t off = b * T * 3 * C + h * j->hd;
-  return (bwd_ptrs){j->qkv + off, j->dy + b * T * C + h * j->hd, j->P + bh * T * T,
-                    j->dqkv + off};
+  const float *q = j->qkv + off;
+  float *dq = j->dqkv + off;
+  return (bwd_ptrs){q, q + C, q + 2 * C, j->dy + b * T * C + h * j->hd, j->P + bh * T * T,
+                    dq, dq + C, dq + 2 * C};
 }
 
 static void bwd_pair(const att_job *j, int64_t bh, float *dS /* (T, T) */) {
   int64_t T = j->T, C = j->C, hd = j->hd, ld = 3 * C;
   bwd_ptrs p = bwd_at(j, bh);
-  const float *q = p.q, *k = q + C, *v = q + 2 * C;     /* (T, hd), ld 3C */
-  float *dq = p.dq, *dk = dq + C, *dv = dq + 2 * C;     /* (T, hd), ld 3C */
-  const float *dy = p.dy, *P = p.P;                     /* (T, hd) ld C; (T, T) */
   float beta = j->beta;
   for (int64_t r0 = 0; r0 < T; r0 += ATT_BLK) {
     int64_t r1 = DG_MIN(r0 + ATT_BLK, T), nc = j->causal ? r1 : T;
     /* dP[r0:r1, 0:nc] = dy[r0:r1] v[0:nc]^T, then dS in place */
-    dg__sgemm(0, 1, r1 - r0, nc, hd, 1.0f, dy + r0 * C, C, v, ld, 0.0f, dS + r0 * T, T);
-    softmax_grad_rows(dS, P, r0, r1, T, j->causal, j->scale);
+    dg__sgemm(0, 1, r1 - r0, nc, hd, 1.0f, p.dy + r0 * C, C, p.v, ld, 0.0f, dS + r0 * T, T);
+    softmax_grad_rows(dS, p.P, r0, r1, T, j->causal, j->scale);
     /* dq[r0:r1] = dS[r0:r1, 0:nc] k[0:nc] */
-    dg__sgemm(0, 0, r1 - r0, hd, nc, 1.0f, dS + r0 * T, T, k, ld, beta, dq + r0 * ld, ld);
+    dg__sgemm(0, 0, r1 - r0, hd, nc, 1.0f, dS + r0 * T, T, p.k, ld, beta, p.dq + r0 * ld, ld);
   }
   /* column blocks: rows c0.. of dk/dv see query rows i >= c0 when causal */
   for (int64_t c0 = 0; c0 < T; c0 += ATT_BLK) {
     int64_t c1 = DG_MIN(c0 + ATT_BLK, T), i0 = j->causal ? c0 : 0;
     /* dv[c0:c1] = P[i0:T, c0:c1]^T dy[i0:T];  dk[c0:c1] = dS[i0:T, c0:c1]^T q[i0:T] */
-    dg__sgemm(1, 0, c1 - c0, hd, T - i0, 1.0f, P + i0 * T + c0, T, dy + i0 * C, C, beta,
-              dv + c0 * ld, ld);
-    dg__sgemm(1, 0, c1 - c0, hd, T - i0, 1.0f, dS + i0 * T + c0, T, q + i0 * ld, ld, beta,
-              dk + c0 * ld, ld);
+    dg__sgemm(1, 0, c1 - c0, hd, T - i0, 1.0f, p.P + i0 * T + c0, T, p.dy + i0 * C, C, beta,
+              p.dv + c0 * ld, ld);
+    dg__sgemm(1, 0, c1 - c0, hd, T - i0, 1.0f, dS + i0 * T + c0, T, p.q + i0 * ld, ld, beta,
+              p.dk + c0 * ld, ld);
   }
 }
 
@@ -267,28 +267,25 @@ static void bwd_pair_own(const att_job *j, int64_t bh, float *dS /* (T, T) */,
                          float *vT /* (hd, T) */) {
   int64_t T = j->T, C = j->C, hd = j->hd, ld = 3 * C;
   bwd_ptrs p = bwd_at(j, bh);
-  const float *q = p.q, *k = q + C, *v = q + 2 * C;     /* (T, hd), ld 3C */
-  float *dq = p.dq, *dk = dq + C, *dv = dq + 2 * C;     /* (T, hd), ld 3C */
-  const float *dy = p.dy, *P = p.P;                     /* (T, hd) ld C; (T, T) */
   float beta = j->beta;
-  dg__transpose(v, ld, T, hd, vT, T);
+  dg__transpose(p.v, ld, T, hd, vT, T);
   for (int64_t r0 = 0; r0 < T; r0 += OWN_ROWS) {
     int64_t r1 = DG_MIN(r0 + OWN_ROWS, T), m = r1 - r0;
     int64_t nc = j->causal ? DG_MIN((r1 + 15) & ~(int64_t)15, T) : T;
     /* dP[r0:r1, 0:nc] = dy[r0:r1] vT[:, 0:nc], then dS in place */
-    dg__sgemm_small(m, nc, hd, 1.0f, dy + r0 * C, C, 1, vT, T, 0.0f, dS + r0 * T, T);
-    softmax_grad_rows(dS, P, r0, r1, T, j->causal, j->scale);
+    dg__sgemm_small(m, nc, hd, 1.0f, p.dy + r0 * C, C, 1, vT, T, 0.0f, dS + r0 * T, T);
+    softmax_grad_rows(dS, p.P, r0, r1, T, j->causal, j->scale);
     /* dq[r0:r1] = dS[r0:r1, 0:n] k[0:n] */
-    dg__sgemm_small(m, hd, j->causal ? r1 : T, 1.0f, dS + r0 * T, T, 1, k, ld, beta,
-                    dq + r0 * ld, ld);
+    dg__sgemm_small(m, hd, j->causal ? r1 : T, 1.0f, dS + r0 * T, T, 1, p.k, ld, beta,
+                    p.dq + r0 * ld, ld);
   }
   for (int64_t c0 = 0; c0 < T; c0 += OWN_ROWS) {
     int64_t c1 = DG_MIN(c0 + OWN_ROWS, T), i0 = j->causal ? c0 : 0;
     /* dv[c0:c1] = P[i0:T, c0:c1]^T dy[i0:T];  dk[c0:c1] = dS[i0:T, c0:c1]^T q[i0:T] */
-    dg__sgemm_small(c1 - c0, hd, T - i0, 1.0f, P + i0 * T + c0, 1, T, dy + i0 * C, C, beta,
-                    dv + c0 * ld, ld);
-    dg__sgemm_small(c1 - c0, hd, T - i0, 1.0f, dS + i0 * T + c0, 1, T, q + i0 * ld, ld, beta,
-                    dk + c0 * ld, ld);
+    dg__sgemm_small(c1 - c0, hd, T - i0, 1.0f, p.P + i0 * T + c0, 1, T, p.dy + i0 * C, C, beta,
+                    p.dv + c0 * ld, ld);
+    dg__sgemm_small(c1 - c0, hd, T - i0, 1.0f, dS + i0 * T + c0, 1, T, p.q + i0 * ld, ld, beta,
+                    p.dk + c0 * ld, ld);
   }
 }
 

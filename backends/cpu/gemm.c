@@ -14,12 +14,16 @@
 #include <cblas.h>
 #endif
 
-/* C (M, N) = res + bias (either NULL), at C's stride. */
+/* C (M, N) = res + bias (either NULL) at C's stride: blas.c's fill, a row
+ * at a time where C's rows are not contiguous. */
 static void fill_block(float *C, int64_t ldc, const float *res, const float *bias, int64_t M,
                        int64_t N) {
+  if (ldc == N) {
+    dg__fill_rows(C, res, bias, M, N);
+    return;
+  }
   for (int64_t i = 0; i < M; i++)
-    for (int64_t j = 0; j < N; j++)
-      C[i * ldc + j] = res && bias ? res[i * ldc + j] + bias[j] : res ? res[i * ldc + j] : bias[j];
+    dg__fill_rows(C + i * ldc, res ? res + i * ldc : NULL, bias, 1, N);
 }
 
 /* own: the whole product's dg__sgemm_own_fits, passed to each of its
@@ -201,8 +205,7 @@ static void sgemm_any(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
                       const float *res, const float *bias, float *C, int64_t ldc) {
   int threads = dg_get_num_threads(), own = dg__sgemm_own_fits(M, N, K);
   if ((res || bias) && !own && M > 0 && N > 0) { /* OpenBLAS: fill, then accumulate */
-    if (ldc == N) dg__fill_rows(C, res, bias, M, N);
-    else fill_block(C, ldc, res, bias, M, N);
+    fill_block(C, ldc, res, bias, M, N);
     res = bias = NULL, beta = 1.0f;
   }
   /* below ~0.5 MFLOP the fork/join costs more than it saves */

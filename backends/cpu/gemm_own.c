@@ -477,11 +477,6 @@ DG_TARGET_AVX512 void dg__transpose(const float *S, int64_t lds, int64_t rows, i
   }
 }
 
-int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-  return dg__sgemm_own_add(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, NULL, C, ldc);
-}
-
 int dg__sgemm_own_cpu(void) {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") != 0;
@@ -495,11 +490,6 @@ int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
   (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B;
   (void)ldb, (void)beta, (void)res, (void)bias, (void)C, (void)ldc;
   return -1;
-}
-
-int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-  return dg__sgemm_own_add(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, NULL, C, ldc);
 }
 
 int dg__sgemm_own_cpu(void) { return 0; }
@@ -529,6 +519,11 @@ void dg__sgemm_own_reserve(int n) { (void)n; }
 #define MR 8
 #define NR 32
 #endif
+
+int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  return dg__sgemm_own_add(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, NULL, C, ldc);
+}
 
 /* ---- which SGEMM a process uses ----
  *
