@@ -34,6 +34,8 @@
 #define KC_MAX 512            /* a pass: the A sliver (MR x KC) is 16 KiB, L1 */
 #define B_BYTES (512 << 10)   /* a packed B block, streamed from L2 per sliver */
 #define B_FLOATS (B_BYTES / 4 + KC_MAX * NR)
+#define AG 4                  /* slivers of a transposed A packed together */
+_Static_assert(AG * MR <= 32, "pack_a reads a transposed A two vectors a row");
 
 typedef struct {
   float *a, *b; /* 64-byte aligned inside raw */
@@ -56,11 +58,11 @@ static pthread_mutex_t g_slot_mu = PTHREAD_MUTEX_INITIALIZER;
 static int slot_add(int busy) {
   int n = atomic_load_explicit(&g_nslots, memory_order_relaxed);
   if (n >= SLOTS_MAX) return -1;
-  size_t bytes = (size_t)(MR * KC_MAX + B_FLOATS) * sizeof(float) + 64;
+  size_t bytes = (size_t)(AG * MR * KC_MAX + B_FLOATS) * sizeof(float) + 64;
   own_buf *b = &g_slot[n];
   if (!(b->raw = dg__malloc(bytes))) return -1;
   b->a = (float *)(((uintptr_t)b->raw + 63) & ~(uintptr_t)63);
-  b->b = b->a + MR * KC_MAX;
+  b->b = b->a + AG * MR * KC_MAX;
   atomic_store_explicit(&g_busy[n], busy, memory_order_relaxed);
   atomic_store_explicit(&g_nslots, n + 1, memory_order_release);
   return 0;
@@ -136,14 +138,23 @@ DG_TARGET_AVX512 DG_INLINE void tr16(const float *s, int64_t ld, int n, int kt, 
     if (k < kt) _mm512_store_ps(d + k * ldd, r[k]);
 }
 
-/* ap (kc, MR) = rows i0..i0+mr of op(A) over k0..k0+kc, zero rows past mr. */
+/* ap: rows i0..i0+mr of op(A) over k0..k0+kc as slivers (kc, MR), zero
+ * rows past mr; mr <= MR, or with ta up to AG * MR (sliver s at s * kc * MR). */
 DG_TARGET_AVX512 static void pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t mr,
                                     int64_t k0, int64_t kc, float *ap) {
-  if (ta) { /* op(A)(i, k) = A[k][i]: MR floats of row k */
-    __mmask16 m = lanes(mr);
-    for (int64_t k = 0; k < kc; k++)
-      _mm256_store_ps(ap + k * MR,
-                      _mm512_castps512_ps256(_mm512_maskz_loadu_ps(m, A + (k0 + k) * lda + i0)));
+  if (ta) { /* op(A)(i, k) = A[k][i]: AG slivers' floats of row k at once, whole
+             * lines (one sliver's 32 B a row took a line each, and A's rows
+             * a power of two apart share few L1 sets) */
+    __mmask16 m0 = lanes(mr), m1 = lanes(mr - 16);
+    int ns = (int)((mr + MR - 1) / MR);
+    for (int64_t k = 0; k < kc; k++) {
+      const float *s = A + (k0 + k) * lda + i0;
+      __m512 v0 = _mm512_maskz_loadu_ps(m0, s), v1 = _mm512_maskz_loadu_ps(m1, s + 16);
+      __m512 v[4] = {v0, _mm512_shuffle_f32x4(v0, v0, 0xee), v1,
+                     _mm512_shuffle_f32x4(v1, v1, 0xee)}; /* sliver q in v[q]'s low half */
+      for (int q = 0; q < ns; q++)
+        _mm256_store_ps(ap + (q * kc + k) * MR, _mm512_castps512_ps256(v[q]));
+    }
     return;
   }
   float tmp[16 * 16] __attribute__((aligned(64)));
@@ -158,24 +169,34 @@ DG_TARGET_AVX512 static void pack_a(int ta, const float *A, int64_t lda, int64_t
  * (kc, NR) with zero columns past nc. */
 DG_TARGET_AVX512 static void pack_b(int tb, const float *B, int64_t ldb, int64_t j0, int64_t nc,
                                     int64_t k0, int64_t kc, float *bp) {
+  if (!tb) { /* row k of B holds every panel's 32 floats: read it whole, in order (a
+              * panel at a time strides across pages, where prefetchers stop) */
+    int64_t nfull = nc / NR * NR;
+    __mmask16 m0 = lanes(nc - nfull), m1 = lanes(nc - nfull - 16);
+    for (int64_t k = 0; k < kc; k++) {
+      const float *s = B + (k0 + k) * ldb + j0;
+      float *d = bp + k * NR;
+      for (int64_t jp = 0; jp < nfull; jp += NR) {
+        _mm512_store_ps(d + jp * kc, _mm512_loadu_ps(s + jp));
+        _mm512_store_ps(d + jp * kc + 16, _mm512_loadu_ps(s + jp + 16));
+      }
+      if (nfull < nc) {
+        _mm512_store_ps(d + nfull * kc, _mm512_maskz_loadu_ps(m0, s + nfull));
+        _mm512_store_ps(d + nfull * kc + 16, _mm512_maskz_loadu_ps(m1, s + nfull + 16));
+      }
+    }
+    return;
+  }
   for (int64_t jp = 0; jp < nc; jp += NR) {
     int64_t nr = DG_MIN(nc - jp, NR);
     float *d = bp + jp * kc;
-    if (!tb) { /* row k of B holds the panel's 32 floats */
-      __mmask16 m0 = lanes(nr), m1 = lanes(nr - 16);
-      for (int64_t k = 0; k < kc; k++) {
-        const float *s = B + (k0 + k) * ldb + j0 + jp;
-        _mm512_store_ps(d + k * NR, _mm512_maskz_loadu_ps(m0, s));
-        _mm512_store_ps(d + k * NR + 16, _mm512_maskz_loadu_ps(m1, s + 16));
-      }
-      continue;
-    }
     const float *s = B + (j0 + jp) * ldb + k0; /* op(B)(k, j) = B[j][k] */
-    for (int64_t k = 0; k < kc; k += 16) {
-      int kt = kc - k < 16 ? (int)(kc - k) : 16;
-      tr16(s + k, ldb, (int)DG_MIN(nr, 16), kt, d + k * NR, NR);
-      tr16(s + 16 * ldb + k, ldb, (int)(nr > 16 ? nr - 16 : 0), kt, d + k * NR + 16, NR);
-    }
+    for (int h = 0; h < 2; h++) /* 16 rows at a time: 16 streams, not 32 */
+      for (int64_t k = 0; k < kc; k += 16) {
+        int kt = kc - k < 16 ? (int)(kc - k) : 16;
+        tr16(s + h * 16 * ldb + k, ldb, (int)DG_MIN(DG_MAX(nr - 16 * h, 0), 16), kt,
+             d + k * NR + 16 * h, NR);
+      }
   }
 }
 
@@ -347,7 +368,13 @@ static void own_block(const own_job *j, own_buf *buf, int64_t k0, int64_t kc, in
   for (int64_t i0 = 0; i0 < j->M; i0 += MR) {
     int mr = (int)DG_MIN(j->M - i0, MR), ip = !j->ta && mr == MR;
     const float *ap = j->A + i0 * j->lda + k0;
-    if (!ip) pack_a(j->ta, j->A, j->lda, i0, mr, k0, kc, buf->a), ap = buf->a;
+    if (j->ta) { /* AG slivers packed at the first of them */
+      int64_t s = i0 / MR % AG;
+      if (!s) pack_a(1, j->A, j->lda, i0, DG_MIN(j->M - i0, AG * MR), k0, kc, buf->a);
+      ap = buf->a + s * kc * MR;
+    } else if (!ip) {
+      pack_a(0, j->A, j->lda, i0, mr, k0, kc, buf->a), ap = buf->a;
+    }
     for (int64_t jp = 0; jp < nc; jp += NR) {
       int nr = (int)DG_MIN(nc - jp, NR);
       int64_t off = j->trc ? (j0 + jp) * j->ldc + i0 : i0 * j->ldc + j0 + jp;
