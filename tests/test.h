@@ -54,10 +54,16 @@ static int dg_test_failures;
       T_FAIL_("\"%s\" should contain \"%s\"", s_ ? s_ : "(null)", (sub));   \
   } while (0)
 
-/* Call at the end of main: prints a summary, returns the exit code. */
-#define TEST_DONE()                                                        \
-  (dg_test_failures ? (fprintf(stderr, "%d check(s) failed\n", dg_test_failures), 1) \
-                    : (fprintf(stderr, "ok\n"), 0))
+/* Call at the end of main as `return TEST_DONE();`: prints a summary,
+ * returns the exit code. A function whose result must be used, so that a
+ * bare `TEST_DONE();` (which printed the failures and exited 0) does not
+ * compile. */
+__attribute__((warn_unused_result, unused)) static int dg_test_done(void) {
+  if (!dg_test_failures) return fprintf(stderr, "ok\n"), 0;
+  fprintf(stderr, "%d check(s) failed\n", dg_test_failures);
+  return 1;
+}
+#define TEST_DONE() dg_test_done()
 
 #define TEST_SKIP(why)                                                     \
   do {                                                                     \

@@ -138,6 +138,9 @@ DG_TARGET_AVX512 DG_INLINE void tr16(const float *s, int64_t ld, int n, int kt, 
     if (k < kt) _mm512_store_ps(d + k * ldd, r[k]);
 }
 
+/* Loads n (<= 16 or, unmasked, 16) floats at p. */
+#define LOAD16(full, m, p) ((full) ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps((m), (p)))
+
 /* ap: rows i0..i0+mr of op(A) over k0..k0+kc as slivers (kc, MR), zero
  * rows past mr; mr <= MR, or with ta up to AG * MR (sliver s at s * kc * MR). */
 DG_TARGET_AVX512 static void pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t mr,
@@ -171,18 +174,14 @@ DG_TARGET_AVX512 static void pack_b(int tb, const float *B, int64_t ldb, int64_t
                                     int64_t k0, int64_t kc, float *bp) {
   if (!tb) { /* row k of B holds every panel's 32 floats: read it whole, in order (a
               * panel at a time strides across pages, where prefetchers stop) */
-    int64_t nfull = nc / NR * NR;
-    __mmask16 m0 = lanes(nc - nfull), m1 = lanes(nc - nfull - 16);
+    __mmask16 m0 = lanes(nc % NR), m1 = lanes(nc % NR - 16); /* the last panel's */
     for (int64_t k = 0; k < kc; k++) {
       const float *s = B + (k0 + k) * ldb + j0;
       float *d = bp + k * NR;
-      for (int64_t jp = 0; jp < nfull; jp += NR) {
-        _mm512_store_ps(d + jp * kc, _mm512_loadu_ps(s + jp));
-        _mm512_store_ps(d + jp * kc + 16, _mm512_loadu_ps(s + jp + 16));
-      }
-      if (nfull < nc) {
-        _mm512_store_ps(d + nfull * kc, _mm512_maskz_loadu_ps(m0, s + nfull));
-        _mm512_store_ps(d + nfull * kc + 16, _mm512_maskz_loadu_ps(m1, s + nfull + 16));
+      for (int64_t jp = 0; jp < nc; jp += NR) {
+        int full = nc - jp >= NR;
+        _mm512_store_ps(d + jp * kc, LOAD16(full, m0, s + jp));
+        _mm512_store_ps(d + jp * kc + 16, LOAD16(full, m1, s + jp + 16));
       }
     }
     return;
@@ -240,9 +239,6 @@ DG_TARGET_AVX512 DG_INLINE void store_t(const float *t, float *C, int64_t ldc, i
     }
   }
 }
-
-/* Loads n (<= 16 or, unmasked, 16) floats at p. */
-#define LOAD16(full, m, p) ((full) ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps((m), (p)))
 
 /* A tile row's nv vectors into c, masked only when not full (masks m0, m1). */
 DG_TARGET_AVX512 DG_INLINE void store_row(float *c, __m512 x0, __m512 x1, __mmask16 m0,

@@ -269,5 +269,5 @@ int main(void) {
   test_threads();
   test_small();
   test_add();
-  TEST_DONE();
+  return TEST_DONE();
 }
