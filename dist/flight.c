@@ -419,18 +419,26 @@ done:
 
 /* Publishes this rank's position, reads the others' for a bounded time
  * (an eighth of the group's timeout, 100 ms to 1 s; a rank known gone
- * only if its position is there already) and appends the summary to msg.
+ * for at most DEAD_GRACE_MS of it) and appends the summary to msg.
  * A stopped store host (it may be the rank that stalls) would hold a SET
  * for the store's own timeout: a WAIT, which takes our deadline, on the
  * key this rank published at rendezvous asks first whether it answers. */
 static int bound_ms(const dg_pg *pg) { return DG_MAX(100, DG_MIN(pg->timeout_ms / 8, 1000)); }
+
+/* A rank whose connection closed may be dead, or may be the first to fail:
+ * it closes its sockets (tcp_abort) before its comparison thread publishes
+ * where it stood, so the peer it blamed, which gets no abort message, sees
+ * it "gone" a moment before its position lands. A short wait catches that
+ * position without holding a killed rank's report back for long. */
+#define DEAD_GRACE_MS 250
 
 /* The comparison's thread: f->sum gets the summary (empty: none). */
 static void *compare_main(void *arg) {
   dg__flight *f = arg;
   int W = f->size, bound = f->bound;
   char key[48], (*pos)[POS_CAP] = dg__calloc((size_t)W, POS_CAP);
-  int64_t deadline = dg__now_ms() + bound;
+  const int64_t t0 = dg__now_ms();
+  const int64_t deadline = t0 + bound, dead_deadline = t0 + DG_MIN(bound, DEAD_GRACE_MS);
   const char *k = key;
   snprintf(key, sizeof key, "dgrad_info/%d", f->rank); /* published at rendezvous */
   if (!pos || dg_store_wait(f->st, &k, 1, bound) != DG_OK) goto out;
@@ -438,7 +446,7 @@ static void *compare_main(void *arg) {
   if (dg_store_set(f->st, key, f->mine, strlen(f->mine)) != DG_OK || f->pub_only) goto out;
   for (int r = 0; r < W; r++) {
     if (r == f->rank) snprintf(pos[r], POS_CAP, "%s", f->mine);
-    else if (!read_pos(f->st, r, r == f->dead ? 0 : deadline, pos[r])) pos[r][0] = 0;
+    else if (!read_pos(f->st, r, r == f->dead ? dead_deadline : deadline, pos[r])) pos[r][0] = 0;
   }
   char sum[sizeof f->sum];
   summarize(pos, W, f->dead, f->seen, sum, sizeof sum);
@@ -460,7 +468,7 @@ out:
 }
 
 /* Publishes this rank's position and reads the others' (a rank known gone
- * only if its position is there already) in a thread, for at most an
+ * for at most DEAD_GRACE_MS) in a thread, for at most an
  * eighth of the group's timeout, 100 ms to 1 s, and appends the summary
  * to msg. A stopped store host (maybe the rank that stalls) would hold a
  * store call for the store's own timeout: the thread's first call, a WAIT

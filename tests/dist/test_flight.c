@@ -113,7 +113,8 @@ static int stall(dg_pg *pg, int r) {
   if (behind) usleep(3000000);
   int ok;
   if (behind && m && strstr(m, " is gone;")) /* the first rank to fail closed its
-     * connections before it had published its position: the others are named */
+     * connections before it published its position; the rank it blamed waits
+     * up to 250 ms for it, and rank 2's own position must be named anyway */
     ok = (rc == DG_ETIMEDOUT || rc == DG_EPEER) &&
          has_all(r, rc, rc, m,
                  (const char *[]){"rank 2 waits in seq 3 (recv f32[1] from rank 0 tag 7)",
