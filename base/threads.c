@@ -26,14 +26,7 @@ void openblas_set_num_threads(int n);
 
 static struct {
   pthread_mutex_t busy;   /* held by the thread issuing a job */
-  atomic_uint gen;        /* bumped per job; futex word */
-  /* (job generation << 32) | next task index: a claim is a CAS on both, so
-   * a worker late from job g can never take a task of job g+1 */
-  atomic_ullong ticket;
-  atomic_int left;        /* tasks of the current job not yet finished */
-  atomic_int ntasks;
-  dg__task_fn fn;
-  void *arg;
+  dg__job job;
   int nworkers;           /* started */
   atomic_int stop;
   pthread_t tid[MAX_THREADS];
@@ -53,33 +46,55 @@ static void futex_wake_all(atomic_uint *addr) {
 /* Claims and runs tasks of job `gen` until none is left. fn/arg/ntasks are
  * read only after a successful claim: job gen cannot end (and be replaced)
  * while a claimed task of it is unfinished. */
-static void run_tasks(unsigned gen) {
-  t_in_task = 1;
-  unsigned long long t = atomic_load_explicit(&g_pool.ticket, memory_order_acquire);
+int dg__job_run(dg__job *j, unsigned gen) {
+  int ran = 0;
+  unsigned long long t = atomic_load_explicit(&j->ticket, memory_order_acquire);
   for (;;) {
     if ((unsigned)(t >> 32) != gen) break;
     unsigned i = (unsigned)t;
-    if (i >= (unsigned)atomic_load(&g_pool.ntasks)) break;
-    if (!atomic_compare_exchange_weak_explicit(&g_pool.ticket, &t, t + 1,
-                                               memory_order_acq_rel, memory_order_acquire))
+    if (i >= (unsigned)atomic_load(&j->ntasks)) break;
+    if (!atomic_compare_exchange_weak_explicit(&j->ticket, &t, t + 1, memory_order_acq_rel,
+                                               memory_order_acquire))
       continue;
-    g_pool.fn(g_pool.arg, (int)i);
-    atomic_fetch_sub_explicit(&g_pool.left, 1, memory_order_acq_rel);
-    t = atomic_load_explicit(&g_pool.ticket, memory_order_acquire);
+    j->fn(j->arg, (int)i);
+    ran++;
+    atomic_fetch_sub_explicit(&j->left, 1, memory_order_acq_rel);
+    t = atomic_load_explicit(&j->ticket, memory_order_acquire);
   }
+  return ran;
+}
+
+/* Close the old ticket first (index all ones: nothing left to claim), so a
+ * taker still holding job g's ticket cannot claim against job g+1's
+ * ntasks/fn while they are being written; the caller wakes the takers. */
+unsigned dg__job_post(dg__job *j, int ntasks, dg__task_fn fn, void *arg) {
+  unsigned gen = atomic_load(&j->gen) + 1;
+  atomic_store(&j->ticket, ((unsigned long long)gen << 32) | 0xffffffffu);
+  j->fn = fn;
+  j->arg = arg;
+  atomic_store(&j->ntasks, ntasks);
+  atomic_store(&j->left, ntasks);
+  atomic_store_explicit(&j->ticket, (unsigned long long)gen << 32, memory_order_release);
+  atomic_store_explicit(&j->gen, gen, memory_order_release);
+  return gen;
+}
+
+static void run_tasks(unsigned gen) {
+  t_in_task = 1;
+  dg__job_run(&g_pool.job, gen);
   t_in_task = 0;
 }
 
 static void *worker(void *unused) {
   (void)unused;
-  unsigned seen = atomic_load(&g_pool.gen);
+  unsigned seen = atomic_load(&g_pool.job.gen);
   for (;;) {
     unsigned g;
     int spins = 0;
-    while ((g = atomic_load_explicit(&g_pool.gen, memory_order_acquire)) == seen) {
+    while ((g = atomic_load_explicit(&g_pool.job.gen, memory_order_acquire)) == seen) {
       if (atomic_load(&g_pool.stop)) return NULL;
       if (++spins < SPIN_ITERS) dg__cpu_relax();
-      else futex_wait(&g_pool.gen, seen);
+      else futex_wait(&g_pool.job.gen, seen);
     }
     seen = g;
     if (atomic_load(&g_pool.stop)) return NULL;
@@ -118,20 +133,10 @@ void dg__parallel_for(int ntasks, dg__task_fn fn, void *arg) {
     for (int i = 0; i < ntasks; i++) fn(arg, i);
     return;
   }
-  /* close the old ticket first (index all ones: nothing left to claim), so a
-   * worker still holding job g's ticket cannot claim against job g+1's
-   * ntasks/fn while they are being written */
-  unsigned gen = atomic_load(&g_pool.gen) + 1;
-  atomic_store(&g_pool.ticket, ((unsigned long long)gen << 32) | 0xffffffffu);
-  g_pool.fn = fn;
-  g_pool.arg = arg;
-  atomic_store(&g_pool.ntasks, ntasks);
-  atomic_store(&g_pool.left, ntasks);
-  atomic_store_explicit(&g_pool.ticket, (unsigned long long)gen << 32, memory_order_release);
-  atomic_store_explicit(&g_pool.gen, gen, memory_order_release);
-  futex_wake_all(&g_pool.gen);
+  unsigned gen = dg__job_post(&g_pool.job, ntasks, fn, arg);
+  futex_wake_all(&g_pool.job.gen);
   run_tasks(gen);
-  while (atomic_load_explicit(&g_pool.left, memory_order_acquire) > 0) dg__cpu_relax();
+  while (atomic_load_explicit(&g_pool.job.left, memory_order_acquire) > 0) dg__cpu_relax();
   pthread_mutex_unlock(&g_pool.busy);
 }
 

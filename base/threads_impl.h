@@ -18,4 +18,21 @@ void dg__parallel_for(int ntasks, dg__task_fn fn, void *arg);
 typedef void (*dg__range_fn)(void *arg, int64_t lo, int64_t hi);
 void dg__parallel_range(int64_t n, int64_t grain, dg__range_fn fn, void *arg);
 
+/* A job of ntasks tasks that several threads take one at a time (the pool
+ * and the lend worker, lend.c). gen is the futex word the takers sleep on;
+ * ticket is (gen << 32) | next task, so a thread late from job g can never
+ * claim a task of job g+1. Post with the job's previous takers' claims
+ * done or doomed; then every taker runs dg__job_run(j, gen). */
+#include <stdatomic.h>
+typedef struct {
+  atomic_uint gen;
+  atomic_ullong ticket;
+  atomic_int left; /* tasks not finished */
+  atomic_int ntasks;
+  dg__task_fn fn;
+  void *arg;
+} dg__job;
+unsigned dg__job_post(dg__job *j, int ntasks, dg__task_fn fn, void *arg);
+int dg__job_run(dg__job *j, unsigned gen); /* the count of tasks it ran */
+
 #endif

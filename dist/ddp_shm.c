@@ -33,9 +33,11 @@
  * only where a model is installed. */
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
+#include "base/lend_impl.h"
 #include "dist/ddp_impl.h"
 #include "dist/coll_ext.h"
 #include "dist/net/net_impl.h"
@@ -93,6 +95,9 @@ static size_t page_up(size_t n) { return (n + 4095) / 4096 * 4096; }
 static size_t line_up(size_t n) { return (n + 63) / 64 * 64; }
 
 static int32_t *count_of(seg *s, int r) { return (int32_t *)(s->ctl + (size_t)r * s->ctl_stride); }
+/* Since when rank r's main thread waits in wait_bucket, ns; 0: it does not
+ * (after count[2], in the same line). */
+static int64_t *waiting_of(seg *s, int r) { return (int64_t *)count_of(s, r) + 2; }
 /* Per rank after count[2]: done[nbmax] | ready[2][nbmax] | ready_at[2][nbmax]
  * (ns, CLOCK_MONOTONIC) | claim[nbmax] | who[nbmax]; ready words and times by
  * round parity, as the counts: a peer one round ahead must not erase what a
@@ -425,6 +430,7 @@ static int wait_bucket(seg *s, int k, char *err, size_t cap) {
   int64_t deadline = dg__deadline(0, dg__pg_timeout_ms(s->pg));
   int dead = -1, rc = DG_OK, done = 0;
   __atomic_add_fetch(&s->hdr->waiters, 1, __ATOMIC_SEQ_CST);
+  __atomic_store_n(waiting_of(s, s->rank), dg__now_ns(), __ATOMIC_RELAXED);
   for (;;) {
     w.bell = __atomic_load_n(&s->hdr->bell, __ATOMIC_SEQ_CST);
     progress(s, 1);
@@ -439,6 +445,7 @@ static int wait_bucket(seg *s, int k, char *err, size_t cap) {
       break;
     }
   }
+  __atomic_store_n(waiting_of(s, s->rank), 0, __ATOMIC_RELAXED);
   __atomic_sub_fetch(&s->hdr->waiters, 1, __ATOMIC_SEQ_CST);
   if (rc == DG_OK && s->link) link_hold(s, k, deadline);
   else if (rc != DG_OK && !err[0]) wait_error(s, &w, rc, dead, err, cap);
@@ -607,8 +614,28 @@ static void shm_free(dg_ddp *d) {
   if (dg__params_lend_grad(d->ps, NULL) != DG_OK)
     DG_LOGE("ddp_free: rank %d: out of memory taking the gradients back; they are lost",
             d->rank);
+  dg__lend_clear_probe(d->red_state);
   seg_free(d->red_state);
   d->red_state = NULL;
+}
+
+/* How long a peer must have waited before this rank lends it work: a
+ * hand-off costs a wake-up and packing again (tens of us), and a peer a
+ * little ahead catches up anyway; a preempted rank is off its core for a
+ * slice, milliseconds. With no threshold, lending gained nothing under 10%
+ * load (BENCHMARKS.md, session 21). */
+#define LEND_WAIT_NS 150000
+
+/* The lend probe (base/lend.c): a rank of this host has waited a while for
+ * this one. */
+static int peer_waits(void *arg) {
+  seg *s = arg;
+  int64_t now = dg__now_ns();
+  for (int p = 0; p < s->W; p++) {
+    int64_t t = p == s->rank ? 0 : __atomic_load_n(waiting_of(s, p), __ATOMIC_RELAXED);
+    if (t && now - t >= LEND_WAIT_NS) return 1;
+  }
+  return 0;
 }
 
 static const dg__ddp_reducer shm_reducer = {
@@ -647,5 +674,7 @@ int dg__ddp_shm_init(dg_ddp *d) {
   }
   d->red = &shm_reducer;
   d->red_state = s;
+  const char *e = getenv("DG_LEND");
+  if (!e || strcmp(e, "0")) dg__lend_set_probe(peer_waits, s);
   return DG_OK;
 }

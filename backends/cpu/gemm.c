@@ -7,6 +7,7 @@
 
 #include "dgrad_config.h"
 #include "backends/cpu/cpu_impl.h"
+#include "base/lend_impl.h"
 #include "base/threads_impl.h"
 #include "base/trace_impl.h"
 
@@ -199,6 +200,26 @@ static void split_record(split_slot *e, int cols, int64_t ns) {
     e->pick = e->ns[1] < e->ns[0];
 }
 
+/* A product on one thread while a peer rank of this host waits for this
+ * one: column blocks claimed by the caller and the lend worker
+ * (base/lend.c), on the own kernel only, whose blocks give the whole's bits
+ * (its sums depend on K only), so lending never changes a step's bits.
+ * 1: done. */
+#define LEND_MIN 4e6 /* multiply-adds: below, the hand-off costs about a block */
+#define LEND_TASKS 8
+static int sgemm_lend(int own, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                      const float *res, const float *bias, float *C, int64_t ldc) {
+  if (!own || M <= 0 || (double)M * N * K < LEND_MIN || N < 2 * COL_ALIGN || !dg__lend_armed())
+    return 0;
+  dg__sgemm_own_reserve(2); /* the worker's buffers, made in the first step */
+  if (!dg__lend_ready()) return 0;
+  gemm_job j = {own, ta, tb, 1, 0, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, res, bias};
+  j.step = split_step(N, LEND_TASKS, 1);
+  j.ntasks = (int)((N + j.step - 1) / j.step);
+  return dg__lend_for(j.ntasks, gemm_task, &j);
+}
+
 /* dg__sgemm, or with res/bias dg__sgemm_add (alpha 1). */
 static void sgemm_any(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
@@ -210,6 +231,9 @@ static void sgemm_any(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
   }
   /* below ~0.5 MFLOP the fork/join costs more than it saves */
   if (threads <= 1 || M <= 0 || N <= 0 || (double)M * N * K < 262144.0) {
+    if (threads <= 1 &&
+        sgemm_lend(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, res, bias, C, ldc))
+      return;
     sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, res, bias, C, ldc);
     return;
   }

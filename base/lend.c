@@ -1,0 +1,130 @@
+/* Lending a waiting rank's core (issue 19): in a synchronous data-parallel
+ * step the rank that finished first sleeps until the late one posts its
+ * gradients, and its core idles. A late rank whose peer on this host waits
+ * (the probe the DDP segment installs says so) runs its large GEMMs as
+ * column blocks claimed one at a time by itself and by one lend worker,
+ * which is kept off the caller's CPU so that the scheduler puts it on the
+ * idle one. On a host where a burst of another process takes the late
+ * rank's core, the blocks go on at full speed on the peer's core while the
+ * caller is preempted.
+ *
+ * The worker sleeps on a futex between jobs and never spins: a spinning
+ * worker would hold the waking peer off its own core. A block's bits do not
+ * depend on who computes it (the caller splits only where a split gives
+ * the whole's bits), so lent or not, a step gives the same bits. */
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "base/common_impl.h"
+#include "base/lend_impl.h"
+#include "base/threads_impl.h"
+
+static struct {
+  pthread_mutex_t busy; /* held by the thread lending */
+  dg__job job;
+  int started, failed, cpu; /* the CPU the worker is kept off, -1: none yet */
+  pthread_t tid;
+  atomic_long lent, blocks; /* jobs lent; of their blocks, those the worker ran */
+} g_lend = {.busy = PTHREAD_MUTEX_INITIALIZER, .cpu = -1};
+
+static _Atomic(dg__lend_probe_fn) g_probe;
+static void *_Atomic g_probe_arg;
+
+static int worker_up(void);
+
+void dg__lend_set_probe(dg__lend_probe_fn fn, void *arg) {
+  pthread_mutex_lock(&g_lend.busy);
+  int up = worker_up(); /* now, not in a step: a thread's stack is an allocation */
+  pthread_mutex_unlock(&g_lend.busy);
+  if (!up) return; /* no worker: nothing to lend to */
+  atomic_store(&g_probe_arg, arg);
+  atomic_store(&g_probe, fn);
+}
+
+void dg__lend_clear_probe(void *arg) {
+  void *cur = arg;
+  if (atomic_compare_exchange_strong(&g_probe_arg, &cur, NULL)) atomic_store(&g_probe, NULL);
+}
+
+int dg__lend_armed(void) { return atomic_load_explicit(&g_probe, memory_order_relaxed) != NULL; }
+
+int dg__lend_ready(void) {
+  dg__lend_probe_fn fn = atomic_load(&g_probe);
+  void *arg = atomic_load(&g_probe_arg); /* NULL: being cleared */
+  return fn && arg && dg_get_num_threads() <= 1 && fn(arg);
+}
+
+static void *lend_worker(void *arg) {
+  /* the generation when it was made: a job posted before it first runs is
+   * still seen as new */
+  unsigned seen = (unsigned)(uintptr_t)arg;
+  for (;;) {
+    unsigned g;
+    while ((g = atomic_load_explicit(&g_lend.job.gen, memory_order_acquire)) == seen)
+      syscall(SYS_futex, (unsigned *)&g_lend.job.gen, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+    seen = g;
+    atomic_fetch_add_explicit(&g_lend.blocks, dg__job_run(&g_lend.job, g), memory_order_relaxed);
+  }
+  return NULL;
+}
+
+static void lend_atfork_child(void) {
+  g_lend.started = 0, g_lend.cpu = -1;
+  pthread_mutex_init(&g_lend.busy, NULL);
+}
+
+/* The worker, started (1) or not (0: it could not be). Lock held. */
+static int worker_up(void) {
+  if (g_lend.started) return 1;
+  if (g_lend.failed) return 0;
+  static int atfork_done;
+  if (!atfork_done) pthread_atfork(NULL, NULL, lend_atfork_child), atfork_done = 1;
+  void *gen = (void *)(uintptr_t)atomic_load(&g_lend.job.gen);
+  if (pthread_create(&g_lend.tid, NULL, lend_worker, gen)) return !(g_lend.failed = 1);
+  pthread_detach(g_lend.tid);
+  g_lend.started = 1;
+  g_lend.cpu = -1;
+  return 1;
+}
+
+/* Keeps the worker off the caller's CPU (a woken thread is often placed
+ * beside its waker, where it would only take turns with the caller). */
+static void keep_off(void) {
+  int cpu = sched_getcpu();
+  if (cpu < 0 || cpu == g_lend.cpu) return;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return;
+  CPU_CLR(cpu, &set);
+  if (CPU_COUNT(&set) == 0) return;
+  if (pthread_setaffinity_np(g_lend.tid, sizeof set, &set) == 0) g_lend.cpu = cpu;
+}
+
+int dg__lend_for(int ntasks, void (*fn)(void *arg, int i), void *arg) {
+  if (ntasks < 2 || pthread_mutex_trylock(&g_lend.busy)) return 0;
+  if (!worker_up()) {
+    pthread_mutex_unlock(&g_lend.busy);
+    return 0;
+  }
+  keep_off();
+  unsigned gen = dg__job_post(&g_lend.job, ntasks, fn, arg);
+  syscall(SYS_futex, (unsigned *)&g_lend.job.gen, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+  dg__job_run(&g_lend.job, gen);
+  /* the worker's last block: it runs on another core, so it ends soon */
+  while (atomic_load_explicit(&g_lend.job.left, memory_order_acquire) > 0) dg__cpu_relax();
+  atomic_fetch_add_explicit(&g_lend.lent, 1, memory_order_relaxed);
+  pthread_mutex_unlock(&g_lend.busy);
+  return 1;
+}
+
+void dg__lend_stats(long *lent, long *worker_blocks) {
+  if (lent) *lent = atomic_load(&g_lend.lent);
+  if (worker_blocks) *worker_blocks = atomic_load(&g_lend.blocks);
+}
+
