@@ -12,15 +12,10 @@
  * worker would hold the waking peer off its own core. A block's bits do not
  * depend on who computes it (the caller splits only where a split gives
  * the whole's bits), so lent or not, a step gives the same bits. */
-#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "base/common_impl.h"
 #include "base/lend_impl.h"
@@ -58,7 +53,7 @@ int dg__lend_armed(void) { return atomic_load_explicit(&g_probe, memory_order_re
 int dg__lend_ready(void) {
   dg__lend_probe_fn fn = atomic_load(&g_probe);
   void *arg = atomic_load(&g_probe_arg); /* NULL: being cleared */
-  return fn && arg && dg_get_num_threads() <= 1 && fn(arg);
+  return fn && arg && fn(arg);
 }
 
 static void *lend_worker(void *arg) {
@@ -68,7 +63,7 @@ static void *lend_worker(void *arg) {
   for (;;) {
     unsigned g;
     while ((g = atomic_load_explicit(&g_lend.job.gen, memory_order_acquire)) == seen)
-      syscall(SYS_futex, (unsigned *)&g_lend.job.gen, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+      dg__job_sleep(&g_lend.job, seen);
     seen = g;
     atomic_fetch_add_explicit(&g_lend.blocks, dg__job_run(&g_lend.job, g), memory_order_relaxed);
   }
@@ -114,7 +109,7 @@ int dg__lend_for(int ntasks, void (*fn)(void *arg, int i), void *arg) {
   }
   keep_off();
   unsigned gen = dg__job_post(&g_lend.job, ntasks, fn, arg);
-  syscall(SYS_futex, (unsigned *)&g_lend.job.gen, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+  dg__job_wake(&g_lend.job, 1);
   dg__job_run(&g_lend.job, gen);
   /* the worker's last block: it runs on another core, so it ends soon */
   while (atomic_load_explicit(&g_lend.job.left, memory_order_acquire) > 0) dg__cpu_relax();

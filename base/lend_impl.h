@@ -6,7 +6,8 @@
  * has waited a while for this one (arg: its own; cleared with the same
  * arg); installing it starts the lend worker (no probe without one).
  * dg__lend_armed: a probe is installed. dg__lend_ready: the probe says so
- * and this process computes on one thread. dg__lend_for runs fn(arg, i)
+ * (for a caller computing on one thread: with more, nothing is lent).
+ * dg__lend_for runs fn(arg, i)
  * for i in [0, ntasks) on the caller and the lend worker, tasks claimed one
  * at a time; 0: it did not run them (the caller runs them itself).
  * dg__lend_stats: jobs lent, and of their tasks those the worker ran. */

@@ -35,12 +35,12 @@ static struct {
 static int g_threads;
 static _Thread_local int t_in_task;
 
-static void futex_wait(atomic_uint *addr, unsigned val) {
-  syscall(SYS_futex, (unsigned *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+void dg__job_sleep(dg__job *j, unsigned seen) {
+  syscall(SYS_futex, (unsigned *)&j->gen, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
 }
 
-static void futex_wake_all(atomic_uint *addr) {
-  syscall(SYS_futex, (unsigned *)addr, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
+void dg__job_wake(dg__job *j, int takers) {
+  syscall(SYS_futex, (unsigned *)&j->gen, FUTEX_WAKE_PRIVATE, takers, NULL, NULL, 0);
 }
 
 /* Claims and runs tasks of job `gen` until none is left. fn/arg/ntasks are
@@ -94,7 +94,7 @@ static void *worker(void *unused) {
     while ((g = atomic_load_explicit(&g_pool.job.gen, memory_order_acquire)) == seen) {
       if (atomic_load(&g_pool.stop)) return NULL;
       if (++spins < SPIN_ITERS) dg__cpu_relax();
-      else futex_wait(&g_pool.job.gen, seen);
+      else dg__job_sleep(&g_pool.job, seen);
     }
     seen = g;
     if (atomic_load(&g_pool.stop)) return NULL;
@@ -134,7 +134,7 @@ void dg__parallel_for(int ntasks, dg__task_fn fn, void *arg) {
     return;
   }
   unsigned gen = dg__job_post(&g_pool.job, ntasks, fn, arg);
-  futex_wake_all(&g_pool.job.gen);
+  dg__job_wake(&g_pool.job, MAX_THREADS);
   run_tasks(gen);
   while (atomic_load_explicit(&g_pool.job.left, memory_order_acquire) > 0) dg__cpu_relax();
   pthread_mutex_unlock(&g_pool.busy);

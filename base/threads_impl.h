@@ -2,6 +2,7 @@
 #ifndef DG_THREADS_IMPL_H
 #define DG_THREADS_IMPL_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 typedef void (*dg__task_fn)(void *arg, int i);
@@ -22,8 +23,9 @@ void dg__parallel_range(int64_t n, int64_t grain, dg__range_fn fn, void *arg);
  * and the lend worker, lend.c). gen is the futex word the takers sleep on;
  * ticket is (gen << 32) | next task, so a thread late from job g can never
  * claim a task of job g+1. Post with the job's previous takers' claims
- * done or doomed; then every taker runs dg__job_run(j, gen). */
-#include <stdatomic.h>
+ * done or doomed, wake the takers, then every taker runs dg__job_run(j,
+ * gen). A taker waits for the next job with dg__job_sleep (a futex wait on
+ * gen while it still reads `seen`; it may return early). */
 typedef struct {
   atomic_uint gen;
   atomic_ullong ticket;
@@ -34,5 +36,7 @@ typedef struct {
 } dg__job;
 unsigned dg__job_post(dg__job *j, int ntasks, dg__task_fn fn, void *arg);
 int dg__job_run(dg__job *j, unsigned gen); /* the count of tasks it ran */
+void dg__job_sleep(dg__job *j, unsigned seen);
+void dg__job_wake(dg__job *j, int takers);
 
 #endif

@@ -632,8 +632,8 @@ static int peer_waits(void *arg) {
   seg *s = arg;
   int64_t now = dg__now_ns();
   for (int p = 0; p < s->W; p++) {
-    int64_t t = p == s->rank ? 0 : __atomic_load_n(waiting_of(s, p), __ATOMIC_RELAXED);
-    if (t && now - t >= LEND_WAIT_NS) return 1;
+    int64_t t = __atomic_load_n(waiting_of(s, p), __ATOMIC_RELAXED);
+    if (p != s->rank && t && now - t >= LEND_WAIT_NS) return 1;
   }
   return 0;
 }

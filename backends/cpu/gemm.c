@@ -135,6 +135,13 @@ static int64_t split_step(int64_t len, int threads, int cols) {
   return ((len + threads - 1) / threads + align - 1) / align * align;
 }
 
+/* Cuts j into at most `parts` blocks of its rows or columns (by_cols). */
+static void job_cut(gemm_job *j, int parts) {
+  int64_t len = j->by_cols ? j->N : j->M;
+  j->step = split_step(len, parts, j->by_cols);
+  j->ntasks = (int)((len + j->step - 1) / j->step);
+}
+
 /* Whether rows (cols 0) or columns split as split_step says give the bits of
  * the whole, on a pattern of the probe's own; 0 without the memory. */
 static int split_probe(const split_slot *e, int cols, float alpha, float beta) {
@@ -215,8 +222,7 @@ static int sgemm_lend(int own, int ta, int tb, int64_t M, int64_t N, int64_t K, 
   dg__sgemm_own_reserve(2); /* the worker's buffers, made in the first step */
   if (!dg__lend_ready()) return 0;
   gemm_job j = {own, ta, tb, 1, 0, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, res, bias};
-  j.step = split_step(N, LEND_TASKS, 1);
-  j.ntasks = (int)((N + j.step - 1) / j.step);
+  job_cut(&j, LEND_TASKS);
   return dg__lend_for(j.ntasks, gemm_task, &j);
 }
 
@@ -252,9 +258,7 @@ static void sgemm_any(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
   }
   gemm_job j = {own, ta, tb, cols, threads, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C,
                 res, bias};
-  int64_t len = cols ? N : M;
-  j.step = split_step(len, threads, cols);
-  j.ntasks = (int)((len + j.step - 1) / j.step);
+  job_cut(&j, threads);
   int64_t t0 = timing ? (int64_t)dg__trace_now() : 0;
   dg__parallel_for(j.ntasks, gemm_task, &j);
   if (timing) {
