@@ -26,6 +26,9 @@ struct dg__kern_blas {
   void (*fill_rows)(float *y, const float *res, const float *b, int64_t R, int64_t O);
   /* d (n) = s, or += s when acc: a gradient passed through. */
   void (*grad_pass)(float *d, const float *s, int64_t n, int acc);
+  /* 1 when this backend's products can be lent to a waiting rank's core
+   * (base/lend.c); DDP starts the lend worker only then. May be NULL. */
+  int (*can_lend)(void);
 };
 
 #endif

@@ -37,6 +37,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "backends/backend.h"
+#include "backends/kern_blas.h"
 #include "base/lend_impl.h"
 #include "dist/ddp_impl.h"
 #include "dist/coll_ext.h"
@@ -674,7 +676,10 @@ int dg__ddp_shm_init(dg_ddp *d) {
   }
   d->red = &shm_reducer;
   d->red_state = s;
+  /* the lend worker only where a product can be lent */
+  const struct dg__kern_blas *blas = dg__cpu_backend.blas;
   const char *e = getenv("DG_LEND");
-  if (!e || strcmp(e, "0")) dg__lend_set_probe(peer_waits, s);
+  if ((!e || strcmp(e, "0")) && blas->can_lend && blas->can_lend())
+    dg__lend_set_probe(peer_waits, s);
   return DG_OK;
 }

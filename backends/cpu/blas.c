@@ -137,4 +137,5 @@ const struct dg__kern_blas dg__cpu_kern_blas = {
     .colsum = dg__colsum,
     .fill_rows = dg__fill_rows,
     .grad_pass = dg__grad_pass,
+    .can_lend = dg__sgemm_own_on, /* only the own kernel's blocks keep the bits (gemm.c) */
 };
