@@ -26,7 +26,7 @@ static struct {
   dg__job job;
   int started, failed, cpu; /* the CPU the worker is kept off, -1: none yet */
   pthread_t tid;
-  atomic_long lent, blocks; /* jobs lent; of their blocks, those the worker ran */
+  atomic_long lent; /* jobs lent */
 } g_lend = {.busy = PTHREAD_MUTEX_INITIALIZER, .cpu = -1};
 
 static _Atomic(dg__lend_probe_fn) g_probe;
@@ -65,7 +65,7 @@ static void *lend_worker(void *arg) {
     while ((g = atomic_load_explicit(&g_lend.job.gen, memory_order_acquire)) == seen)
       dg__job_sleep(&g_lend.job, seen);
     seen = g;
-    atomic_fetch_add_explicit(&g_lend.blocks, dg__job_run(&g_lend.job, g), memory_order_relaxed);
+    dg__job_run(&g_lend.job, g);
   }
   return NULL;
 }
@@ -85,7 +85,6 @@ static int worker_up(void) {
   if (pthread_create(&g_lend.tid, NULL, lend_worker, gen)) return !(g_lend.failed = 1);
   pthread_detach(g_lend.tid);
   g_lend.started = 1;
-  g_lend.cpu = -1;
   return 1;
 }
 
@@ -118,8 +117,5 @@ int dg__lend_for(int ntasks, void (*fn)(void *arg, int i), void *arg) {
   return 1;
 }
 
-void dg__lend_stats(long *lent, long *worker_blocks) {
-  if (lent) *lent = atomic_load(&g_lend.lent);
-  if (worker_blocks) *worker_blocks = atomic_load(&g_lend.blocks);
-}
+long dg__lend_count(void) { return atomic_load(&g_lend.lent); }
 

@@ -10,13 +10,13 @@
  * dg__lend_for runs fn(arg, i)
  * for i in [0, ntasks) on the caller and the lend worker, tasks claimed one
  * at a time; 0: it did not run them (the caller runs them itself).
- * dg__lend_stats: jobs lent, and of their tasks those the worker ran. */
+ * dg__lend_count: jobs lent so far. */
 typedef int (*dg__lend_probe_fn)(void *arg);
 void dg__lend_set_probe(dg__lend_probe_fn fn, void *arg);
 void dg__lend_clear_probe(void *arg);
 int dg__lend_armed(void);
 int dg__lend_ready(void);
 int dg__lend_for(int ntasks, void (*fn)(void *arg, int i), void *arg);
-void dg__lend_stats(long *lent, long *worker_blocks);
+long dg__lend_count(void);
 
 #endif

@@ -73,10 +73,10 @@ static void same_bits(int ta, int tb, int64_t M, int64_t N, int64_t K, int add) 
   long before, after;
   for (int lent = 0; lent < 2; lent++) {
     float *c = lent ? c2 : c1;
-    if (lent) dg__lend_set_probe(always, &g_x), dg__lend_stats(&before, NULL);
+    if (lent) dg__lend_set_probe(always, &g_x), before = dg__lend_count();
     if (add) dg__sgemm_add(ta, tb, M, N, K, A, lda, B, ldb, res, bias, c, N);
     else dg__sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 1.0f, c, N);
-    if (lent) dg__lend_stats(&after, NULL), dg__lend_clear_probe(&g_x);
+    if (lent) after = dg__lend_count(), dg__lend_clear_probe(&g_x);
   }
   if (memcmp(c1, c2, (size_t)(M * N) * sizeof(float)) || after != before + 1)
     fprintf(stderr, "ta %d tb %d %lldx%lldx%lld add %d: %s\n", ta, tb, (long long)M,
