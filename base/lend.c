@@ -29,31 +29,41 @@ static struct {
   atomic_long lent; /* jobs lent */
 } g_lend = {.busy = PTHREAD_MUTEX_INITIALIZER, .cpu = -1};
 
-static _Atomic(dg__lend_probe_fn) g_probe;
-static void *_Atomic g_probe_arg;
+static _Atomic(dg__lend_probe_fn) g_probe; /* read unlocked: dg__lend_armed */
+static void *g_probe_arg;
 
 static int worker_up(void);
 
+/* The probe is installed, cleared and called with `busy` held: clearing
+ * returns only once no call is in flight, so its owner may free its state. */
 void dg__lend_set_probe(dg__lend_probe_fn fn, void *arg) {
   pthread_mutex_lock(&g_lend.busy);
-  int up = worker_up(); /* now, not in a step: a thread's stack is an allocation */
+  if (worker_up()) { /* now, not in a step: a thread's stack is an allocation */
+    g_probe_arg = arg;
+    atomic_store(&g_probe, fn);
+  } /* else no worker: nothing to lend to */
   pthread_mutex_unlock(&g_lend.busy);
-  if (!up) return; /* no worker: nothing to lend to */
-  atomic_store(&g_probe_arg, arg);
-  atomic_store(&g_probe, fn);
 }
 
 void dg__lend_clear_probe(void *arg) {
-  void *cur = arg;
-  if (atomic_compare_exchange_strong(&g_probe_arg, &cur, NULL)) atomic_store(&g_probe, NULL);
+  pthread_mutex_lock(&g_lend.busy);
+  if (g_probe_arg == arg) g_probe_arg = NULL, atomic_store(&g_probe, NULL);
+  pthread_mutex_unlock(&g_lend.busy);
 }
 
 int dg__lend_armed(void) { return atomic_load_explicit(&g_probe, memory_order_relaxed) != NULL; }
 
+/* Lock held. */
+static int probe_says(void) {
+  dg__lend_probe_fn fn = atomic_load_explicit(&g_probe, memory_order_relaxed);
+  return fn && fn(g_probe_arg);
+}
+
 int dg__lend_ready(void) {
-  dg__lend_probe_fn fn = atomic_load(&g_probe);
-  void *arg = atomic_load(&g_probe_arg); /* NULL: being cleared */
-  return fn && arg && fn(arg);
+  if (pthread_mutex_trylock(&g_lend.busy)) return 0; /* lending already, or being cleared */
+  int yes = probe_says();
+  pthread_mutex_unlock(&g_lend.busy);
+  return yes;
 }
 
 static void *lend_worker(void *arg) {
@@ -102,7 +112,7 @@ static void keep_off(void) {
 
 int dg__lend_for(int ntasks, void (*fn)(void *arg, int i), void *arg) {
   if (ntasks < 2 || pthread_mutex_trylock(&g_lend.busy)) return 0;
-  if (!worker_up()) {
+  if (!probe_says() || !worker_up()) {
     pthread_mutex_unlock(&g_lend.busy);
     return 0;
   }

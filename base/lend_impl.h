@@ -5,11 +5,12 @@
 /* The DDP segment installs a probe that says whether a rank of this host
  * has waited a while for this one (arg: its own; cleared with the same
  * arg); installing it starts the lend worker (no probe without one).
- * dg__lend_armed: a probe is installed. dg__lend_ready: the probe says so
- * (for a caller computing on one thread: with more, nothing is lent).
- * dg__lend_for runs fn(arg, i)
- * for i in [0, ntasks) on the caller and the lend worker, tasks claimed one
- * at a time; 0: it did not run them (the caller runs them itself).
+ * Clearing waits for a probe call in flight (the owner frees its state).
+ * dg__lend_armed: a probe is installed (one atomic load, for hot paths).
+ * dg__lend_ready: the probe says so. dg__lend_for: when the probe says so,
+ * runs fn(arg, i) for i in [0, ntasks) on the caller and the lend worker,
+ * tasks claimed one at a time, and returns 1; 0: it did not run them (the
+ * caller runs them itself).
  * dg__lend_count: jobs lent so far. */
 typedef int (*dg__lend_probe_fn)(void *arg);
 void dg__lend_set_probe(dg__lend_probe_fn fn, void *arg);

@@ -220,10 +220,9 @@ static int sgemm_lend(int own, int ta, int tb, int64_t M, int64_t N, int64_t K, 
   if (!own || M <= 0 || (double)M * N * K < LEND_MIN || N < 2 * COL_ALIGN || !dg__lend_armed())
     return 0;
   dg__sgemm_own_reserve(2); /* the worker's buffers, made in the first step */
-  if (!dg__lend_ready()) return 0;
   gemm_job j = {own, ta, tb, 1, 0, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, res, bias};
   job_cut(&j, LEND_TASKS);
-  return dg__lend_for(j.ntasks, gemm_task, &j);
+  return dg__lend_for(j.ntasks, gemm_task, &j); /* asks the probe */
 }
 
 /* dg__sgemm, or with res/bias dg__sgemm_add (alpha 1). */

@@ -6,7 +6,9 @@
  *    and char-GPT steps run give the bits of the same products not lent,
  *    with and without the fused residual and bias, and they were lent
  *    (the job count grew). Part 2 needs the own kernel (DG_GEMM=own pins
- *    it; on a CPU without AVX-512 it is skipped). */
+ *    it; on a CPU without AVX-512 it is skipped).
+ * 3. Clearing the probe waits for a probe call in flight on another thread:
+ *    the DDP frees the probe's state right after (a use after free before). */
 #include <dgrad.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -45,6 +47,37 @@ static void task(void *arg, int i) {
 static int always(void *arg) {
   (void)arg;
   return 1;
+}
+
+/* A probe that is still running when the main thread clears it. */
+static atomic_int g_inside, g_clearing;
+static int slow_probe(void *arg) {
+  (void)arg;
+  atomic_store(&g_inside, 1);
+  for (int64_t end = now_ms() + 10000; !atomic_load(&g_clearing) && now_ms() < end;) continue;
+  struct timespec ts = {0, 50 * 1000000L}; /* the clearing thread is in clear by now */
+  nanosleep(&ts, NULL);
+  atomic_store(&g_inside, 0);
+  return 0;
+}
+static void *asker(void *arg) {
+  (void)arg;
+  (void)dg__lend_ready();
+  return NULL;
+}
+
+static void clear_waits_for_probe(void) {
+  int tag;
+  dg__lend_set_probe(slow_probe, &tag);
+  pthread_t t;
+  REQUIRE(!pthread_create(&t, NULL, asker, NULL));
+  for (int64_t end = now_ms() + 10000; !atomic_load(&g_inside) && now_ms() < end;) continue;
+  REQUIRE(atomic_load(&g_inside));
+  atomic_store(&g_clearing, 1);
+  dg__lend_clear_probe(&tag);
+  CHECK_EQ_INT(atomic_load(&g_inside), 0); /* the probe returned before clear did */
+  pthread_join(t, NULL);
+  CHECK(!dg__lend_armed());
 }
 
 static uint32_t g_x = 2463534242u;
@@ -96,6 +129,7 @@ int main(void) {
   CHECK(atomic_load(&g_by_worker) >= 1);
   dg__lend_clear_probe(&g_x);
   CHECK(!dg__lend_armed() && !dg__lend_ready());
+  clear_waits_for_probe();
 
   if (!dg__sgemm_own_fits(64, 512, 784)) {
     printf("the own kernel is not used on this CPU: lent products not checked\n");
