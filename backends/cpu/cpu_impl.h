@@ -96,10 +96,12 @@ void dg__grad_pass(float *d, const float *s, int64_t n, int acc);
  * DG_SIMD_FN: for AVX-512F (512-bit vectors), for AVX2+FMA, and for the
  * baseline; the wrapper picks one per call from dg__simd_isa(), which reads
  * the CPU once (and DG_SIMD=base|avx2|avx512 caps it, e.g. to test the
- * baseline path on an AVX-512 machine). The build is ISO C (-std=c11, so
- * no FMA contraction) and every reduction names its 16 lanes, so the three
- * builds give the same bits; tests/grad/test_grad_threads checks them
- * against each other and 1 thread against 2. */
+ * baseline path on an AVX-512 machine). Every reduction names its 16 lanes,
+ * but the build contracts a * b + c into one FMA where the ISA has one
+ * (meson.build), so the three builds may round differently;
+ * tests/grad/test_grad_threads checks them against each other within a
+ * tolerance and 1 thread against 2. The SGD update (optim.c) keeps the
+ * baseline's bits on every level by rounding each operation explicitly. */
 enum { DG_ISA_BASE = 0, DG_ISA_AVX2 = 1, DG_ISA_AVX512 = 2 };
 /* The ISA level the kernels use (cached after the first call). */
 int dg__simd_isa(void);

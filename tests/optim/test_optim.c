@@ -4,6 +4,7 @@
 #include <dgrad.h>
 #include <dgrad/optim.h>
 
+#include "backends/cpu/cpu_impl.h"
 #include "test.h"
 
 uint64_t dg__alloc_count(void); /* internal counter, linked from the static lib */
@@ -339,6 +340,59 @@ static void test_lars_exclusion(void) {
   }
 }
 
+/* SGD gives the same bits on every ISA level (backends/cpu/optim.c: the
+ * 512-bit form rounds each multiply and add as the baseline loop does):
+ * three steps of each form of the update on parameters of odd lengths (the
+ * masked tail), baseline against the best level this CPU has. */
+static float *sgd_run(const dg_sgd_opts *op, int isa, size_t *n) {
+  dg__simd_force(isa);
+  dg_params *ps;
+  REQUIRE(dg_params_new(&ps) == DG_OK);
+  int64_t s0[1] = {37}, s1[2] = {33, 31};
+  REQUIRE(dg_params_add(ps, "a", 1, s0, NULL) == DG_OK);
+  REQUIRE(dg_params_add(ps, "b", 2, s1, NULL) == DG_OK);
+  size_t total = 0;
+  float *w = dg_params_data(ps, &total), *g = dg_params_grad(ps, NULL);
+  dg_rng_uniform(7, 0, w, total);
+  dg_optim *o = NULL;
+  CHECK_OK(dg_optim_new_sgd(&o, ps, op, NULL, 0));
+  REQUIRE(o);
+  float *out = malloc(3 * total * sizeof *out);
+  REQUIRE(out);
+  for (int s = 0; s < 3; s++) {
+    dg_rng_uniform(100 + (uint64_t)s, 0, g, total);
+    for (size_t j = 0; j < total; j++) g[j] = g[j] * 2.0f - 1.0f;
+    CHECK_OK(dg_optim_step(o));
+    memcpy(out + s * total, w, total * sizeof *w);
+  }
+  *n = 3 * total;
+  dg_optim_free(o);
+  dg_params_free(ps);
+  dg__simd_force(-1);
+  return out;
+}
+
+static void test_sgd_isa_bits(void) {
+  const dg_sgd_opts cases[] = {{0.1f, 0, 0, 0, 0},
+                               {0.1f, 0, 0, 0, 0.01f},
+                               {0.05f, 0.9f, 0.1f, 0, 0.01f},
+                               {0.05f, 0.9f, 0, 1, 0.01f}};
+  if (dg__simd_isa() == DG_ISA_BASE)
+    printf("# test_sgd_isa_bits: this CPU has only the baseline level; nothing to compare\n");
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    size_t n = 0, n2 = 0;
+    float *base = sgd_run(&cases[c], DG_ISA_BASE, &n), *best = sgd_run(&cases[c], -1, &n2);
+    CHECK_EQ_INT((int)n, (int)n2);
+    size_t bad = 0;
+    for (size_t j = 0; j < n; j++)
+      if (memcmp(&base[j], &best[j], sizeof(float)) && bad++ < 3)
+        T_FAIL_("sgd case %zu float %zu: baseline %.9g, isa %d %.9g", c, j, base[j],
+                dg__simd_isa(), best[j]);
+    CHECK_EQ_INT((int)bad, 0);
+    free(base), free(best);
+  }
+}
+
 int main(int argc, char **argv) {
   REQUIRE(argc > 1);
   load(argv[1]);
@@ -350,6 +404,7 @@ int main(int argc, char **argv) {
   test_schedules();
   test_misuse();
   test_lars_exclusion();
+  test_sgd_isa_bits();
   free(F.buf);
   return TEST_DONE();
 }
