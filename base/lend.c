@@ -59,13 +59,6 @@ static int probe_says(void) {
   return fn && fn(g_probe_arg);
 }
 
-int dg__lend_ready(void) {
-  if (pthread_mutex_trylock(&g_lend.busy)) return 0; /* lending already, or being cleared */
-  int yes = probe_says();
-  pthread_mutex_unlock(&g_lend.busy);
-  return yes;
-}
-
 static void *lend_worker(void *arg) {
   /* the generation when it was made: a job posted before it first runs is
    * still seen as new */

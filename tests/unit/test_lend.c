@@ -60,9 +60,10 @@ static int slow_probe(void *arg) {
   atomic_store(&g_inside, 0);
   return 0;
 }
+static void noop(void *arg, int i) { (void)arg, (void)i; }
 static void *asker(void *arg) {
   (void)arg;
-  (void)dg__lend_ready();
+  (void)dg__lend_for(2, noop, NULL); /* asks the probe, under the lend lock */
   return NULL;
 }
 
@@ -123,12 +124,12 @@ int main(void) {
   dg_set_num_threads(1);
   g_main = pthread_self();
   dg__lend_set_probe(always, &g_x); /* starts the worker */
-  CHECK(dg__lend_armed() && dg__lend_ready());
+  CHECK(dg__lend_armed()); /* and the probe says yes: lent below */
   CHECK_EQ_INT(dg__lend_for(NT, task, NULL), 1);
   for (int i = 0; i < NT; i++) CHECK_EQ_INT(atomic_load(&g_ran[i]), 1);
   CHECK(atomic_load(&g_by_worker) >= 1);
   dg__lend_clear_probe(&g_x);
-  CHECK(!dg__lend_armed() && !dg__lend_ready());
+  CHECK(!dg__lend_armed() && !dg__lend_for(NT, noop, NULL)); /* nothing lent */
   clear_waits_for_probe();
 
   if (!dg__sgemm_own_fits(64, 512, 784)) {
