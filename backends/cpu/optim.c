@@ -12,7 +12,7 @@
 
 /* ---- SGD ---- */
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef DG_TARGET_AVX512 /* cpu_impl.h: the build has the AVX-512 target */
 #include <immintrin.h>
 
 /* The baseline build's update (below) rounds every multiply and add on its
@@ -61,7 +61,7 @@ DG_TARGET_AVX512 static void sgd_range_avx512(const dg__sgd_args *a, size_t lo, 
 #endif
 
 static void sgd_range(const dg__sgd_args *a, size_t lo, size_t hi) {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef DG_TARGET_AVX512
   if (dg__simd_isa() == DG_ISA_AVX512) {
     sgd_range_avx512(a, lo, hi);
     return;
