@@ -81,7 +81,14 @@ DG_INLINE void ln_fwd_rows_body(const ln_job *j, int64_t r0, int64_t r1) {
 }
 DG_SIMD_FN(ln_fwd_rows, (const ln_job *j, int64_t r0, int64_t r1), (j, r0, r1))
 
-/* Backward, dx rows [r0, r1): dx = rstd * (g - mean(g) - xhat * mean(g * xhat)). */
+/* Backward, dx rows [r0, r1): dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+ * Compiled without contraction: g - mean(g) must subtract the same rounded
+ * g = dy * w that the mean summed. Contracted into fma(dy, w, -mean(g)), it
+ * kept the product's rounding error, which rstd (316 at zero variance)
+ * magnified: a width-1 row, whose dx is exactly 0, got 4e-5 (differential
+ * test, seed 501018139). */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
 DG_INLINE void ln_bwd_rows_body(const ln_job *j, int64_t r0, int64_t r1) {
   const int64_t C = j->C;
   const float *restrict w = j->w;
@@ -126,6 +133,7 @@ DG_INLINE void ln_bwd_rows_body(const ln_job *j, int64_t r0, int64_t r1) {
   }
 }
 DG_SIMD_FN(ln_bwd_rows, (const ln_job *j, int64_t r0, int64_t r1), (j, r0, r1))
+#pragma GCC pop_options
 
 /* Backward, columns [c0, c1) of dw += sum_rows dy * xhat and db += sum_rows
  * dy, rows in order whatever the split (same bits for any thread count). */

@@ -198,6 +198,25 @@ static void large_mean_rows(dg_ctx *ctx) {
   CHECK(worst_dw < 1e-5 * scale_dw);
 }
 
+/* Rows of width 1: xhat is 0 and g - mean(g) cancels exactly, so dx is
+ * exactly 0 (torch gives 0). Contracted into an FMA, the subtraction kept
+ * dy * w's rounding error, times rstd (316 here): 4e-5 where 0 is exact
+ * (differential test, seed 501018139). */
+static void width_one_rows(dg_ctx *ctx) {
+  enum { R = 40 };
+  float x[R], dy[R], w[1] = {1.3f};
+  for (int i = 0; i < R; i++) x[i] = 0.37f * (float)i - 2.0f, dy[i] = 0.1f * (float)i + 0.037f;
+  dg_tensor *xt = dg_from_data(ctx, DG_F32, 2, (int64_t[]){R, 1}, x);
+  dg_tensor *wt = dg_from_data(ctx, DG_F32, 1, (int64_t[]){1}, w);
+  dg_tensor_set_requires_grad(xt, 1);
+  dg_tensor *y = dg_layernorm(ctx, xt, wt, NULL, 1e-5f);
+  dg_tensor *g = dg_from_data(ctx, DG_F32, 2, (int64_t[]){R, 1}, dy);
+  REQUIRE(y && g && dg_backward_with(ctx, y, g) == DG_OK);
+  int nonzero = 0;
+  for (int i = 0; i < R; i++) nonzero += dg_tensor_get(dg_tensor_grad(xt), i) != 0.0f;
+  CHECK_EQ_INT(nonzero, 0);
+}
+
 int main(void) {
   grad_layernorm();
   grad_embedding();
@@ -206,6 +225,8 @@ int main(void) {
   forward_values(ctx);
   dg_ctx_reset(ctx);
   large_mean_rows(ctx);
+  dg_ctx_reset(ctx);
+  width_one_rows(ctx);
   dg_ctx_reset(ctx);
   errors(ctx);
   dg_ctx_free(ctx);
