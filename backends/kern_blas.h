@@ -16,11 +16,12 @@ struct dg__kern_blas {
    * zeros). */
   void (*colsum)(float *db, const float *dy, int64_t R, int64_t O, int overwrite);
   /* C(M,N) = op(A) op(B) + res + b: res (M, N) at C's row stride, b (N)
-   * added to every row, either NULL (both: C is overwritten). The bits of
-   * fill_rows and sgemm with beta 1, without necessarily the fill. */
+   * added to every row, either NULL (both: C is overwritten); relu: then
+   * C = C < 0 ? 0 : C. The bits of fill_rows, sgemm with beta 1 and the
+   * relu kernel, without necessarily the fill or the pass. */
   void (*sgemm_add)(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
                     int64_t lda, const float *B, int64_t ldb, const float *res, const float *b,
-                    float *C, int64_t ldc);
+                    int relu, float *C, int64_t ldc);
   /* y (R, O) = res + b per row, before a GEMM accumulates (beta 1); res or b
    * may be NULL (both: nothing is written). */
   void (*fill_rows)(float *y, const float *res, const float *b, int64_t R, int64_t O);

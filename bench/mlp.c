@@ -97,10 +97,9 @@ static float step(dg_ctx *ctx, mlp *m, float *x, int64_t *y, int64_t B, float lr
   int64_t xs[2] = {B, k_dims[0]};
   dg_params_zero_grad(m->ps);
   dg_tensor *h = dg_wrap(ctx, DG_F32, 2, xs, x);
-  for (int l = 0; l < NLAYERS; l++) {
-    h = dg_linear(ctx, h, m->w[l], m->b[l]);
-    if (l < NLAYERS - 1) h = dg_relu(ctx, h);
-  }
+  for (int l = 0; l < NLAYERS; l++) /* ReLU after each hidden layer, in its GEMM */
+    h = l < NLAYERS - 1 ? dg_linear_relu(ctx, h, m->w[l], m->b[l])
+                        : dg_linear(ctx, h, m->w[l], m->b[l]);
   dg_tensor *yt = dg_wrap(ctx, DG_I64, 1, &B, y);
   dg_tensor *loss = dg_cross_entropy(ctx, h, yt);
   if (!loss || dg_backward(ctx, loss)) {

@@ -12,6 +12,7 @@
  * is one GEMM over B*M rows, forward and backward. The GEMM, column sums,
  * bias fills and gradient passes are the backend's (backends/kern_blas.h). */
 #include "backends/kern_blas.h"
+#include "backends/kern_unary.h"
 #include "core/core_impl.h"
 
 typedef struct {
@@ -167,11 +168,12 @@ dg_tensor *dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b) {
  *
  * x is used in place when its rows are evenly spaced (any contiguous
  * tensor, a slice, a narrowed last dim: row stride ld >= I); w in place when
- * row- or column-major. The bias is broadcast into y by doubling copies (a
- * handful of memcpy calls, not one per row), then the GEMM accumulates with
- * beta 1: OpenBLAS clears C for beta 0 anyway, so this costs no extra pass.
+ * row- or column-major. The bias (and dg_linear_add's residual) go into y
+ * with the GEMM's stores (kern_blas.h's sgemm_add), and dg_linear_relu's
+ * ReLU with its last stores: no pass over y of its own on the own kernel.
  * Backward: dx, dw by GEMM (beta 0 into fresh buffers), db by a vectorised
- * column sum. */
+ * column sum; dg_linear_relu first masks dy by y > 0 into step scratch (the
+ * relu op's backward, the bits of dg_relu(dg_linear(...))). */
 
 /* Row stride of x seen as (R, I) rows with unit column stride, or 0 when
  * its rows are not evenly spaced (then it is packed). */
@@ -189,12 +191,12 @@ static int64_t rows_ld(const dg_tensor *x, int64_t I) {
   return ld >= I && ld >= 1 ? ld : 0;
 }
 
-static int linear_backward(dg_ctx *ctx, dg_node *n) {
+/* The gradients of x, w, b (and dg_linear_add's res) from dy (R, O). */
+static int linear_grads(dg_ctx *ctx, dg_node *n, const float *dy) {
   dg_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
   dg_tensor *sx = dg__saved(ctx, n, 0), *sw = dg__saved(ctx, n, 1);
   if (!sx || !sw) return ctx->err;
   int64_t R = n->i[0], I = n->i[1], O = n->i[2];
-  const float *dy = n->out->grad->data; /* (R, O) */
   int64_t ldx = rows_ld(sx, I);
   const float *xp = ldx ? sx->data : dg__contig_data(ctx, "linear backward", sx); /* (R, I) */
   mat_view W;
@@ -221,22 +223,44 @@ static int linear_backward(dg_ctx *ctx, dg_node *n) {
   return DG_OK;
 }
 
-/* add: dg_linear_add (res required), else dg_linear (res NULL). */
+static int linear_backward(dg_ctx *ctx, dg_node *n) {
+  return linear_grads(ctx, n, n->out->grad->data);
+}
+
+/* dg_linear_relu: dz (R, O) = y > 0 ? dy : 0 from the saved output, then
+ * the linear's gradients from dz. */
+static int linear_relu_backward(dg_ctx *ctx, dg_node *n) {
+  dg_tensor *sy = dg__saved(ctx, n, 2);
+  const float *y = sy ? dg__contig_data(ctx, "linear_relu backward", sy) : NULL;
+  if (!y) return ctx->err;
+  int64_t R = n->i[0], O = n->i[2];
+  size_t bytes = (size_t)DG_MAX(R * O, (int64_t)1) * sizeof(float);
+  float *dz = dg__scratch_take(ctx, bytes);
+  if (!dz) return ctx->err;
+  dg__unary_args a = {DG_UNARY_RELU, 0, y, n->out->grad->data, dz, R * O, 0.0f};
+  dg__backend_get(n->out->device)->unary->bwd(&a);
+  int rc = linear_grads(ctx, n, dz);
+  dg__scratch_give(ctx, dz, bytes);
+  return rc;
+}
+
+/* add: dg_linear_add (res required), else dg_linear or with relu
+ * dg_linear_relu (res NULL). */
 static dg_tensor *linear_impl(dg_ctx *ctx, const char *op, dg_tensor *x, dg_tensor *w,
-                              dg_tensor *b, dg_tensor *res, int add) {
+                              dg_tensor *b, dg_tensor *res, int add, int relu) {
   dg_tensor *in[4] = {x, w, b, res};
   const dg__backend *be = dg__op_begin(ctx, op, 4, in, (const char *[]){"x", "w", "b", "res"},
                                        DG__OPT(2) | (add ? 0 : DG__OPT(3)));
   if (!be) return NULL;
-  if (!dg__check_f32(ctx, "linear", "x", x) || !dg__check_f32(ctx, "linear", "w", w) ||
-      (b && !dg__check_f32(ctx, "linear", "b", b)) ||
+  if (!dg__check_f32(ctx, op, "x", x) || !dg__check_f32(ctx, op, "w", w) ||
+      (b && !dg__check_f32(ctx, op, "b", b)) ||
       (res && !dg__check_f32(ctx, "linear_add", "res", res)))
     return NULL;
   char sx[96], sw[96], sb[96];
   int64_t I = x->ndim ? x->shape[x->ndim - 1] : 0;
   if (x->ndim < 1 || w->ndim != 2 || w->shape[1] != I ||
       (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))) {
-    dg__set_error(ctx, DG_ESHAPE, "linear: x %s, w %s (want (out, %lld)), b %s",
+    dg__set_error(ctx, DG_ESHAPE, "%s: x %s, w %s (want (out, %lld)), b %s", op,
                   dg__shape_str(x, sx, sizeof sx), dg__shape_str(w, sw, sizeof sw),
                   (long long)I, b ? dg__shape_str(b, sb, sizeof sb) : "none");
     return NULL;
@@ -246,12 +270,12 @@ static dg_tensor *linear_impl(dg_ctx *ctx, const char *op, dg_tensor *x, dg_tens
   int64_t shape[DG_MAX_DIMS];
   for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
   shape[x->ndim - 1] = O;
-  dg_tensor *y = dg__new(ctx, "linear", DG_F32, x->ndim, shape);
+  dg_tensor *y = dg__new(ctx, op, DG_F32, x->ndim, shape);
   if (!y) return NULL;
   int64_t ldx = rows_ld(x, I);
-  const float *xp = ldx ? x->data : dg__contig_data(ctx, "linear", x); /* (R, I) */
+  const float *xp = ldx ? x->data : dg__contig_data(ctx, op, x); /* (R, I) */
   mat_view W;
-  if (!xp || mat_of(ctx, "linear", w, 1, &W)) return NULL; /* (O, I) */
+  if (!xp || mat_of(ctx, op, w, 1, &W)) return NULL; /* (O, I) */
   if (!ldx) ldx = I;
   float *yp = y->data; /* (R, O) */
   if (res && !dg__same_shape(res, y)) {
@@ -260,22 +284,29 @@ static dg_tensor *linear_impl(dg_ctx *ctx, const char *op, dg_tensor *x, dg_tens
                   dg__shape_str(res, sr, sizeof sr), dg__shape_str(y, sy, sizeof sy));
     return NULL;
   }
-  const float *bp = b ? dg__contig_data(ctx, "linear", b) : NULL;
-  const float *rp = res ? dg__contig_data(ctx, "linear", res) : NULL;
+  const float *bp = b ? dg__contig_data(ctx, op, b) : NULL;
+  const float *rp = res ? dg__contig_data(ctx, op, res) : NULL;
   if ((b && !bp) || (res && !rp)) return NULL;
-  be->blas->sgemm_add(0, !W.colmajor, R, O, I, xp, ldx, W.p, W.ld, rp, bp, yp, O);
+  be->blas->sgemm_add(0, !W.colmajor, R, O, I, xp, ldx, W.p, W.ld, rp, bp, relu, yp, O);
   if (dg__needs_grad(ctx, res ? 4 : 3, in)) {
-    dg_node *n = dg__record(ctx, "linear", linear_backward, y, res ? 4 : b ? 3 : 2, in);
-    if (!n || dg__save(ctx, n, x) || dg__save(ctx, n, w)) return NULL;
+    dg_node *n = dg__record(ctx, relu ? "linear_relu" : "linear",
+                            relu ? linear_relu_backward : linear_backward, y,
+                            res ? 4 : b ? 3 : 2, in);
+    if (!n || dg__save(ctx, n, x) || dg__save(ctx, n, w) || (relu && dg__save(ctx, n, y)))
+      return NULL;
     n->i[0] = R, n->i[1] = I, n->i[2] = O;
   }
   return y;
 }
 
 dg_tensor *dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b) {
-  return linear_impl(ctx, "linear", x, w, b, NULL, 0);
+  return linear_impl(ctx, "linear", x, w, b, NULL, 0, 0);
 }
 
 dg_tensor *dg_linear_add(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b, dg_tensor *res) {
-  return linear_impl(ctx, "linear_add", x, w, b, res, 1);
+  return linear_impl(ctx, "linear_add", x, w, b, res, 1, 0);
+}
+
+dg_tensor *dg_linear_relu(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b) {
+  return linear_impl(ctx, "linear_relu", x, w, b, NULL, 0, 1);
 }

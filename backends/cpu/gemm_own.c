@@ -201,11 +201,16 @@ DG_TARGET_AVX512 static void pack_b(int tb, const float *B, int64_t ldb, int64_t
 
 /* What the first pass adds to alpha * acc: res + bias where either is
  * given (res at C's offset and stride, bias at C's first column), else
- * beta * C. Later passes add C. */
+ * beta * C. Later passes add C. relu: the last pass stores max(0, value)
+ * (x < 0 ? 0 : x, as the relu kernel: NaN and -0 kept). */
 typedef struct {
   float alpha, beta;
   const float *res, *bias;
+  int relu;
 } own_epi;
+
+/* 0 where x < 0, else x (MAXPS returns its second operand for a NaN). */
+#define RELU(x) _mm512_max_ps(_mm512_setzero_ps(), (x))
 
 /* The epilogue of a tile kept as C's transpose: C'(r, c) = C[c * ldc + r],
  * C' = alpha * acc + (first ? res' + bias or beta C' : C'), the bias along
@@ -235,6 +240,7 @@ DG_TARGET_AVX512 DG_INLINE void store_t(const float *t, float *C, int64_t ldc, i
       } else if (e->beta != 0.0f) {
         x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, cp), x);
       }
+      if (e->relu) x = RELU(x);
       _mm512_mask_storeu_ps(cp, m, x);
     }
   }
@@ -255,7 +261,8 @@ DG_TARGET_AVX512 DG_INLINE void store_row(float *c, __m512 x0, __m512 x1, __mmas
 /* One micro-tile: acc (MR, nv * 16) = sum over k of a(r, k) bp(k, c), with
  * a(r, k) = ap[k * MR + r] (packed) or ap[r * lda + k] (in place: rows of
  * A read where they are); then C (mr, nr) = alpha * acc + (first ? res +
- * bias or beta C : C) (own_epi), or into C's transpose (trc). nv 16-lane
+ * bias or beta C : C) (own_epi), through ReLU on the last pass where asked,
+ * or into C's transpose (trc). nv 16-lane
  * vectors (1 when nr <= 16). res + bias is rounded before acc is added, as
  * a fill of C with them and beta 1 would. */
 DG_TARGET_AVX512 DG_INLINE void tile_body(int64_t kc, const float *restrict ap, int64_t lda,
@@ -318,6 +325,7 @@ DG_TARGET_AVX512 DG_INLINE void tile_body(int64_t kc, const float *restrict ap, 
       x0 = first ? _mm512_fmadd_ps(vb, y0, x0) : _mm512_add_ps(x0, y0);
       if (nv > 1) x1 = first ? _mm512_fmadd_ps(vb, y1, x1) : _mm512_add_ps(x1, y1);
     }
+    if (e->relu) x0 = RELU(x0), x1 = RELU(x1);
     store_row(c, x0, x1, m0, m1, nv, full);
   }
 }
@@ -347,7 +355,7 @@ static tile_fn *const g_tiles[2][2][2] = {{{tile_pk1, tile_pk2}, {tile_ip1, tile
  * op(A) op(B) + ... (the product computed as its transpose: A and B here
  * are the caller's B and A). */
 typedef struct {
-  int ta, tb, trc;
+  int ta, tb, trc, relu;
   int64_t M, K, lda, ldb, ldc;
   float alpha, beta;
   const float *A, *B;
@@ -375,7 +383,8 @@ static void own_block(const own_job *j, own_buf *buf, int64_t k0, int64_t kc, in
       int nr = (int)DG_MIN(nc - jp, NR);
       int64_t off = j->trc ? (j0 + jp) * j->ldc + i0 : i0 * j->ldc + j0 + jp;
       own_epi e = {j->alpha, j->beta, j->res ? j->res + off : NULL,
-                   j->bias ? j->bias + (j->trc ? i0 : j0 + jp) : NULL};
+                   j->bias ? j->bias + (j->trc ? i0 : j0 + jp) : NULL,
+                   j->relu && k0 + kc == j->K};
       g_tiles[j->trc][ip][nr > 16](kc, ap, j->lda, buf->b + jp * kc, j->C + off, j->ldc, mr, nr,
                                    &e, k0 == 0);
     }
@@ -395,14 +404,14 @@ static int transposed_pays(int ta, int tb, int64_t M, int64_t K) {
 
 int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                      const float *res, const float *bias, float *C, int64_t ldc) {
+                      const float *res, const float *bias, int relu, float *C, int64_t ldc) {
   if (M <= 0 || N <= 0 || K <= 0 || alpha == 0.0f) return -1; /* the caller's plain paths */
   int slot;
   own_buf *buf = slot_claim(&slot);
   if (!buf) return -1;
-  own_job j = {ta, tb, 0, M, K, lda, ldb, ldc, alpha, beta, A, B, C, res, bias};
+  own_job j = {ta, tb, 0, relu, M, K, lda, ldb, ldc, alpha, beta, A, B, C, res, bias};
   if (transposed_pays(ta, tb, M, K)) { /* C^T = op(B)^T op(A)^T */
-    j = (own_job){!tb, !ta, 1, N, K, ldb, lda, ldc, alpha, beta, B, A, C, res, bias};
+    j = (own_job){!tb, !ta, 1, relu, N, K, ldb, lda, ldc, alpha, beta, B, A, C, res, bias};
     int64_t t = M;
     M = N, N = t;
   }
@@ -509,9 +518,9 @@ int dg__sgemm_own_cpu(void) {
 
 int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                      const float *res, const float *bias, float *C, int64_t ldc) {
+                      const float *res, const float *bias, int relu, float *C, int64_t ldc) {
   (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B;
-  (void)ldb, (void)beta, (void)res, (void)bias, (void)C, (void)ldc;
+  (void)ldb, (void)beta, (void)res, (void)bias, (void)relu, (void)C, (void)ldc;
   return -1;
 }
 
@@ -545,7 +554,7 @@ void dg__sgemm_own_reserve(int n) { (void)n; }
 
 int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-  return dg__sgemm_own_add(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, NULL, C, ldc);
+  return dg__sgemm_own_add(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, NULL, 0, C, ldc);
 }
 
 /* ---- which SGEMM a process uses ----

@@ -99,7 +99,7 @@ static const char *const op_names[] = {
     "softmax", "log_softmax", "cross_entropy", "mse", "layernorm", "embedding", "dropout",
     "causal_mask", "conv2d", "maxpool2d", "concat", "split", "attention", "mlp_gelu",
     "mlp_gelu_add", "to_dtype", "leaky_relu", "avgpool2d", "global_avgpool2d",
-    "batchnorm", NULL};
+    "batchnorm", "linear_relu", NULL};
 
 enum {
   OP_RESHAPE, OP_SLICE, OP_TRANSPOSE, OP_PERMUTE, OP_CONTIGUOUS, OP_MATMUL, OP_MATMUL_T,
@@ -108,7 +108,7 @@ enum {
   OP_SOFTMAX, OP_LOG_SOFTMAX, OP_CROSS_ENTROPY, OP_MSE, OP_LAYERNORM, OP_EMBEDDING,
   OP_DROPOUT, OP_CAUSAL_MASK, OP_CONV2D, OP_MAXPOOL2D, OP_CONCAT, OP_SPLIT, OP_ATTENTION,
   OP_MLP_GELU, OP_MLP_GELU_ADD, OP_TO_DTYPE, OP_LEAKY_RELU, OP_AVGPOOL2D, OP_GLOBAL_AVGPOOL2D,
-  OP_BATCHNORM
+  OP_BATCHNORM, OP_LINEAR_RELU
 };
 
 /* ---- parsing ---- */
@@ -443,6 +443,7 @@ static dg_tensor *run_nn(run_t *r, const op_t *o) {
   case OP_AVGPOOL2D: return dg_avgpool2d(c, x, (int)o->a[0], (int)o->a[1]);
   case OP_GLOBAL_AVGPOOL2D: return dg_global_avgpool2d(c, x);
   case OP_LEAKY_RELU: return dg_leaky_relu(c, x, (float)o->a[0]);
+  case OP_LINEAR_RELU: return dg_linear_relu(c, x, in_t(r, o, 1), in_t(r, o, 2));
   case OP_BATCHNORM: /* a: train, eps; running statistics (eval) are data leaves */
     return dg_batchnorm(c, x, in_t(r, o, 1), in_t(r, o, 2), in_t(r, o, 3), in_t(r, o, 4),
                         (int)o->a[0], 0.1f, (float)o->a[1]);

@@ -212,6 +212,11 @@ def t_apply(op, xs, wd, mask=None, kinks=None):
     x = xs[0] if xs else None
     if kinks is not None and (n in ("relu", "leaky_relu", "maxpool2d") or (n == "to_dtype" and a[0] in (F16, BF16))):
         kinks[n] = x.detach().double().clone()
+    if n == "linear_relu":  # the kink is the pre-activation's sign
+        z = F.linear(x, xs[1], xs[2])
+        if kinks is not None:
+            kinks[n] = z.detach().double().clone()
+        return [F.relu(z)]
     if n == "reshape":
         return [x.reshape([int(v) for v in a[1:1 + int(a[0])]])]
     if n == "slice":
@@ -669,7 +674,7 @@ def kink_fragile(k64, k32):
         if not math.isfinite(dev):
             return True
         thr = 1e-5 * float(x64.abs().max()) + 32 * dev
-        if name in ("relu", "leaky_relu", "norm"):  # a sign / a zero test
+        if name in ("relu", "leaky_relu", "linear_relu", "norm"):  # a sign / a zero test
             if bool((((x64 > 0) != (x32 > 0)) | ((x64 != 0) & (x64.abs() < thr))).any()):
                 return True
         elif name == "maxpool2d":
@@ -836,6 +841,9 @@ class TI:
 def static_fragile(name, xs, a):
     """Generation-time kink check (f64 values only)."""
     x = xs[0]
+    if name == "linear_relu":
+        x = F.linear(x, xs[1], xs[2]) if x is not None else None
+        name = "relu"
     if x is None or x.numel() == 0:
         return False
     scale = float(x.abs().max())
@@ -856,6 +864,7 @@ class Gen:
 
     def __init__(self, seed, mode):
         self.r = random.Random(seed)
+        self.r_fused = random.Random(seed ^ 0x5EED1)
         self.np = np.random.RandomState(self.r.getrandbits(32))
         self.steps = mode["steps"]
         self.p = Prog(f"s{seed}")
@@ -1144,8 +1153,8 @@ class Gen:
                           lambda: self.leaf((O, I)), 0.7)
         b = None if self.r.random() < 0.3 else self.pick(
             lambda t: t.nd == 1 and t.allfixed() and t.dim(0) == O, lambda: self.leaf((O,)), 0.7)
-        if not add:
-            return self.emit("linear", [x, w, b])
+        if not add:  # the fused ReLU drawn apart: the main stream, and so every older seed's program, unchanged
+            return self.emit("linear_relu" if self.r_fused.random() < 0.3 else "linear", [x, w, b])
         oshapes = [sh[:-1] + (O,) for sh in tx.shapes]
         res = self.residual(x, oshapes)
         return res is not None and self.emit("linear_add", [x, w, b, res])

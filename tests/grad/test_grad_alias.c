@@ -90,6 +90,10 @@ static dg_tensor *c_linear_add(dg_ctx *c, dg_tensor *const *s, const int *a) {
   (void)a;
   return dg_linear_add(c, s[0], s[1], s[2], s[3]);
 }
+static dg_tensor *c_linear_relu(dg_ctx *c, dg_tensor *const *s, const int *a) {
+  (void)a;
+  return dg_linear_relu(c, s[0], s[1], s[2]);
+}
 static dg_tensor *c_mse(dg_ctx *c, dg_tensor *const *s, const int *a) {
   (void)a;
   return dg_mse(c, s[0], s[1]);
@@ -129,6 +133,7 @@ static const op_desc DIV_T = {"div(a, b^T)", c_div_t, 2, {"a", "b"}};
 static const op_desc MATMUL = {"matmul", c_matmul, 2, {"a", "b"}};
 static const op_desc MATMUL_T = {"matmul_t", c_matmul_t, 2, {"a", "b"}};
 static const op_desc LINEAR = {"linear", c_linear, 3, {"x", "w", "b"}};
+static const op_desc LINEAR_RELU = {"linear_relu", c_linear_relu, 3, {"x", "w", "b"}};
 static const op_desc LINEAR_ADD = {"linear_add", c_linear_add, 4, {"x", "w", "b", "res"}};
 static const op_desc MSE = {"mse", c_mse, 2, {"pred", "target"}};
 static const op_desc LAYERNORM = {"layernorm", c_layernorm, 3, {"x", "w", "b"}};
@@ -161,6 +166,8 @@ static const alias_case cases[] = {
     {&LINEAR, "3x4 3x4 -", {0}, T2(0, 1), -1, 1},
     {&LINEAR, "3x4 3x4 3", {0}, T2(0, 1), -1, 1},
     {&LINEAR, "3 3x3 3", {0}, T2(0, 2), -1, 1},
+    {&LINEAR_RELU, "3x4 3x4 3", {0}, T2(0, 1), -1, 1},
+    {&LINEAR_RELU, "3 3x3 3", {0}, T2(0, 2), -1, 1},
     {&LINEAR_ADD, "3x3 3x3 3 3x3", {0}, T2(0, 1), -1, 1},
     {&LINEAR_ADD, "3x3 3x3 3 3x3", {0}, T2(0, 3), -1, 1},
     {&LINEAR_ADD, "3x3 3x3 3 3x3", {0}, T2(1, 3), -1, 1},

@@ -4,7 +4,9 @@
  * composition forward and backward on 1 and 2 threads (the blocked weight
  * gradients accumulate across blocks); gradient accumulation into
  * gradients written earlier; eval mode; errors. Also the residual forms
- * dg_mlp_gelu_add and dg_linear_add against res + the plain op. */
+ * dg_mlp_gelu_add and dg_linear_add against res + the plain op, and
+ * dg_linear_relu: finite differences, and the bits of dg_relu(dg_linear())
+ * forward and backward on the shapes of each GEMM path. */
 #include "gradcheck.h"
 #include "test.h"
 
@@ -55,6 +57,20 @@ static dg_tensor *f_linear_add_ref(dg_ctx *ctx, dg_tensor **in, void *u) {
                 in[6]);
 }
 
+/* dg_linear_relu: in[0] x (R, C), in[1] w (F, C), in[3] b (F) */
+static dg_tensor *f_linear_relu(dg_ctx *ctx, dg_tensor **in, void *u) {
+  mlp_case *c = u;
+  return dg_linear_relu(ctx, in[0], in[1], c->bias ? in[3] : NULL);
+}
+static dg_tensor *f_linear_relu_ref(dg_ctx *ctx, dg_tensor **in, void *u) {
+  mlp_case *c = u;
+  return dg_relu(ctx, dg_linear(ctx, in[0], in[1], c->bias ? in[3] : NULL));
+}
+/* twice on the same inputs: the second node adds to the first's gradients */
+static dg_tensor *f_linear_relu_twice(dg_ctx *ctx, dg_tensor **in, void *u) {
+  return dg_add(ctx, f_linear_relu(ctx, in, u), dg_scale(ctx, f_linear_relu(ctx, in, u), 0.5f));
+}
+
 static int make_inputs(const mlp_case *c, dg_tensor **in, uint64_t seed) {
   int64_t sx[2] = {c->R, c->C}, s1[2] = {c->F, c->C}, s2[2] = {c->O, c->F};
   in[0] = gc_input(2, sx, -2.0f, 2.0f, seed);
@@ -78,6 +94,17 @@ static void use_only(dg_tensor **in, unsigned mask) {
   for (int k = 0; k < 7; k++) dg_tensor_set_requires_grad(in[k], (int)(mask >> k) & 1);
 }
 
+/* x and w to multiples of 1/4, b to an odd multiple of 1/32: every
+ * pre-activation of dg_linear_relu is then an odd multiple of 1/32, at
+ * least 0.03 from the ReLU's kink, which the finite differences' steps
+ * (0.01 times an input of at most 2 in magnitude) cannot cross. */
+static void quantize_off_zero(const mlp_case *c, dg_tensor **in) {
+  float *x = dg_tensor_data(in[0]), *w = dg_tensor_data(in[1]), *b = dg_tensor_data(in[3]);
+  for (int64_t i = 0; i < c->R * c->C; i++) x[i] = roundf(x[i] * 4) / 4;
+  for (int64_t i = 0; i < c->F * c->C; i++) w[i] = roundf(w[i] * 4) / 4;
+  for (int64_t i = 0; i < c->F; i++) b[i] = floorf(b[i] * 16) / 16 + 1.0f / 32;
+}
+
 static void grad_fd(void) {
   static const mlp_case cases[] = {
       {1, 1, 1, 1, 1}, {3, 4, 8, 2, 1}, {5, 3, 6, 4, 0}, {7, 2, 16, 3, 1},
@@ -99,6 +126,13 @@ static void grad_fd(void) {
     snprintf(nm, sizeof nm, "linear_add, res used twice, bias=%d", c.bias);
     use_only(in, c.bias ? 0x4b : 0x43);
     CHECK_EQ_INT(gc_check(nm, f_linear_add, &c, 7, in, 1e-3, 1e-2), 0);
+    if (c.bias) { /* dg_linear_relu with every pre-activation off the kink */
+      quantize_off_zero(&c, in);
+      snprintf(nm, sizeof nm, "linear_relu twice R=%lld C=%lld F=%lld", (long long)c.R,
+               (long long)c.C, (long long)c.F);
+      use_only(in, 0x0b);
+      CHECK_EQ_INT(gc_check(nm, f_linear_relu_twice, &c, 4, in, 1e-3, 1e-2), 0);
+    }
     free_inputs(in);
   }
   /* several row blocks (F = 4096: 32 rows a block): x and b2 only, the
@@ -205,6 +239,47 @@ static void vs_unfused(int threads) {
   dg_set_num_threads(1);
 }
 
+/* dg_linear_relu against dg_relu(dg_linear()): the same bits, output and
+ * gradients, on each GEMM path: the own kernel over two passes of K (the
+ * ReLU on the second only; 256 x 784 -> 512, the MLP benchmark's first
+ * layer), as its transpose (64 rows), OpenBLAS with the ReLU a pass of its
+ * own (10 outputs), and tiny shapes. A NaN input keeps its row of y NaN
+ * (the relu op's x < 0 test keeps it), in both. */
+static void linear_relu_bits(int threads) {
+  static const mlp_case cases[] = {
+      {256, 784, 512, 1, 1}, {64, 784, 512, 1, 0}, {256, 256, 10, 1, 1}, {7, 3, 5, 1, 1},
+  };
+  dg_set_num_threads(threads);
+  dg_ctx *ctx = NULL;
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    mlp_case c = cases[i];
+    dg_tensor *in[7];
+    make_inputs(&c, in, 400 + 10 * i);
+    use_only(in, c.bias ? 0x0b : 0x03);
+    ((float *)dg_tensor_data(in[0]))[c.C + 1] = NAN; /* row 1: NaN in every output */
+    int64_t ny = c.R * c.F, na, nb;
+    float *w = malloc((size_t)ny * sizeof *w);
+    REQUIRE(w);
+    dg_rng_uniform(90 + i, 0, w, (size_t)ny);
+    for (int64_t e = 0; e < ny; e++) w[e] = 2 * w[e] - 1;
+    float *a = run(ctx, f_linear_relu, &c, in, 4, w, ny, &na);
+    float *b = run(ctx, f_linear_relu_ref, &c, in, 4, w, ny, &nb);
+    REQUIRE(na == nb);
+    int same = !memcmp(a, b, (size_t)na * sizeof *a), neg = 0;
+    for (int64_t e = 0; e < ny; e++) neg += a[e] < 0.0f;
+    fprintf(stderr, "linear_relu R=%lld C=%lld F=%lld threads=%d: %s\n", (long long)c.R,
+            (long long)c.C, (long long)c.F, threads, same ? "same bits" : "bits differ");
+    CHECK(same);
+    CHECK_EQ_INT(neg, 0);
+    CHECK(isnan(a[c.F]));
+    free(w), free(a), free(b);
+    free_inputs(in);
+  }
+  dg_ctx_free(ctx);
+  dg_set_num_threads(1);
+}
+
 static void errors(dg_ctx *ctx) {
   int64_t sx[2] = {3, 4}, s1[2] = {8, 4}, s2[2] = {2, 8}, bad[2] = {8, 5};
   dg_tensor *x = dg_zeros(ctx, DG_F32, 2, sx), *w1 = dg_zeros(ctx, DG_F32, 2, s1);
@@ -244,6 +319,18 @@ static void errors(dg_ctx *ctx) {
   CHECK(dg_linear_add(ctx, x, w1, NULL, NULL) == NULL);
   CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
   dg_ctx_clear_error(ctx);
+  CHECK(dg_linear_relu(ctx, x, dg_zeros(ctx, DG_F32, 2, bad), NULL) == NULL);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_ESHAPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "linear_relu");
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "(8, 5)");
+  dg_ctx_clear_error(ctx);
+  CHECK(dg_linear_relu(ctx, dg_zeros(ctx, DG_I32, 2, sx), w1, NULL) == NULL);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EDTYPE);
+  CHECK_STR_HAS(dg_ctx_errmsg(ctx), "linear_relu");
+  dg_ctx_clear_error(ctx);
+  CHECK(dg_linear_relu(ctx, x, NULL, NULL) == NULL);
+  CHECK_EQ_INT(dg_ctx_errcode(ctx), DG_EINVAL);
+  dg_ctx_clear_error(ctx);
   /* no rows: an empty output, backward runs */
   int64_t e[3] = {2, 0, 4};
   dg_tensor *ex = NULL;
@@ -254,6 +341,11 @@ static void errors(dg_ctx *ctx) {
   CHECK_EQ_INT(dg_tensor_numel(y), 0);
   CHECK_EQ_INT(dg_tensor_shape(y)[2], 2);
   CHECK_OK(dg_backward(ctx, dg_sum(ctx, y)));
+  y = dg_linear_relu(ctx, ex, w1, NULL);
+  REQUIRE(y);
+  CHECK_EQ_INT(dg_tensor_numel(y), 0);
+  CHECK_EQ_INT(dg_tensor_shape(y)[2], 8);
+  CHECK_OK(dg_backward(ctx, dg_sum(ctx, y)));
   dg_tensor_free(ex);
 }
 
@@ -261,6 +353,8 @@ int main(void) {
   grad_fd();
   vs_unfused(1);
   vs_unfused(2);
+  linear_relu_bits(1);
+  linear_relu_bits(2);
   dg_ctx *ctx = NULL;
   REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
   errors(ctx);

@@ -91,7 +91,8 @@ static float *rnd_buf(size_t n) {
   return p;
 }
 
-/* One product, lent and not: the same bits, and it was lent. */
+/* One product, lent and not: the same bits, and it was lent. add: 0 a
+ * plain product, 1 with res and bias, 2 with ReLU too. */
 static void same_bits(int ta, int tb, int64_t M, int64_t N, int64_t K, int add) {
   if (!dg__sgemm_own_fits(M, N, K)) { /* not the own kernel's: never lent */
     printf("%lldx%lldx%lld: not the own kernel's, not checked\n", (long long)M, (long long)N,
@@ -108,7 +109,7 @@ static void same_bits(int ta, int tb, int64_t M, int64_t N, int64_t K, int add) 
   for (int lent = 0; lent < 2; lent++) {
     float *c = lent ? c2 : c1;
     if (lent) dg__lend_set_probe(always, &g_x), before = dg__lend_count();
-    if (add) dg__sgemm_add(ta, tb, M, N, K, A, lda, B, ldb, res, bias, c, N);
+    if (add) dg__sgemm_add(ta, tb, M, N, K, A, lda, B, ldb, res, bias, add > 1, c, N);
     else dg__sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 1.0f, c, N);
     if (lent) after = dg__lend_count(), dg__lend_clear_probe(&g_x);
   }
@@ -141,7 +142,7 @@ int main(void) {
       {0, 1, 64, 512, 784},  {0, 0, 64, 784, 512},  {1, 0, 512, 784, 64}, {0, 1, 256, 512, 784},
       {1, 0, 256, 512, 256}, {0, 1, 128, 384, 128}, {0, 0, 100, 200, 300}, {1, 1, 96, 130, 500}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-    for (int add = 0; add < 2; add++) {
+    for (int add = 0; add < 3; add++) {
       const int64_t *s = shapes[i];
       same_bits((int)s[0], (int)s[1], s[2], s[3], s[4], add);
     }
