@@ -15,6 +15,10 @@ struct dg__kern_blas {
   /* db(O) (+)= column sums of dy(R, O); overwrite: store, do not add (R 0:
    * zeros). */
   void (*colsum)(float *db, const float *dy, int64_t R, int64_t O, int overwrite);
+  /* dz (R, O) = y > 0 ? dy : 0, and db (O) (+)= dz's column sums with
+   * colsum's bits where db is not NULL (overwrite as colsum's). */
+  void (*relu_colsum)(float *dz, const float *dy, const float *y, float *db, int64_t R,
+                      int64_t O, int overwrite);
   /* C(M,N) = op(A) op(B) + res + b: res (M, N) at C's row stride, b (N)
    * added to every row, either NULL (both: C is overwritten); relu: then
    * C = C < 0 ? 0 : C. The bits of fill_rows, sgemm with beta 1 and the

@@ -1,4 +1,6 @@
 /* MLP training-step benchmark: 784-512-256-10, ReLU, cross-entropy, plain SGD.
+ * The hidden layers are dg_linear_relu (the ReLU in the GEMM's stores), as
+ * an application would write them.
  *
  * One step = zero_grad (lazy) + forward + backward + SGD update (dgrad's SGD,
  * by default fused into backward: each parameter is updated the moment its

@@ -12,7 +12,6 @@
  * is one GEMM over B*M rows, forward and backward. The GEMM, column sums,
  * bias fills and gradient passes are the backend's (backends/kern_blas.h). */
 #include "backends/kern_blas.h"
-#include "backends/kern_unary.h"
 #include "core/core_impl.h"
 
 typedef struct {
@@ -172,8 +171,9 @@ dg_tensor *dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b) {
  * with the GEMM's stores (kern_blas.h's sgemm_add), and dg_linear_relu's
  * ReLU with its last stores: no pass over y of its own on the own kernel.
  * Backward: dx, dw by GEMM (beta 0 into fresh buffers), db by a vectorised
- * column sum; dg_linear_relu first masks dy by y > 0 into step scratch (the
- * relu op's backward, the bits of dg_relu(dg_linear(...))). */
+ * column sum; dg_linear_relu first masks dy by y > 0 into step scratch,
+ * summing db in the same pass (the bits of the relu op's backward and the
+ * column sum, so of dg_relu(dg_linear(...))). */
 
 /* Row stride of x seen as (R, I) rows with unit column stride, or 0 when
  * its rows are not evenly spaced (then it is packed). */
@@ -191,8 +191,9 @@ static int64_t rows_ld(const dg_tensor *x, int64_t I) {
   return ld >= I && ld >= 1 ? ld : 0;
 }
 
-/* The gradients of x, w, b (and dg_linear_add's res) from dy (R, O). */
-static int linear_grads(dg_ctx *ctx, dg_node *n, const float *dy) {
+/* The gradients of x, w, b (unless db_done) and dg_linear_add's res from
+ * dy (R, O). */
+static int linear_grads(dg_ctx *ctx, dg_node *n, const float *dy, int db_done) {
   dg_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
   dg_tensor *sx = dg__saved(ctx, n, 0), *sw = dg__saved(ctx, n, 1);
   if (!sx || !sw) return ctx->err;
@@ -207,7 +208,7 @@ static int linear_grads(dg_ctx *ctx, dg_node *n, const float *dy) {
    * gradient buffers */
   int ox, ow, ob;
   float *dx = dg__grad_buf_w(ctx, x, &ox), *dw = dg__grad_buf_w(ctx, w, &ow);
-  float *db = dg__grad_buf_w(ctx, b, &ob);
+  float *db = db_done ? NULL : dg__grad_buf_w(ctx, b, &ob);
   if (ctx->err) return ctx->err;
   if (dx) /* dy(R,O) w(O,I) */
     k->sgemm(0, W.colmajor, R, I, O, 1.0f, dy, O, W.p, W.ld, ox ? 0.0f : 1.0f, dx, I);
@@ -224,22 +225,24 @@ static int linear_grads(dg_ctx *ctx, dg_node *n, const float *dy) {
 }
 
 static int linear_backward(dg_ctx *ctx, dg_node *n) {
-  return linear_grads(ctx, n, n->out->grad->data);
+  return linear_grads(ctx, n, n->out->grad->data, 0);
 }
 
-/* dg_linear_relu: dz (R, O) = y > 0 ? dy : 0 from the saved output, then
- * the linear's gradients from dz. */
+/* dg_linear_relu: dz (R, O) = y > 0 ? dy : 0 from the saved output, with
+ * db summed in the same pass, then the linear's other gradients from dz. */
 static int linear_relu_backward(dg_ctx *ctx, dg_node *n) {
   dg_tensor *sy = dg__saved(ctx, n, 2);
   const float *y = sy ? dg__contig_data(ctx, "linear_relu backward", sy) : NULL;
   if (!y) return ctx->err;
   int64_t R = n->i[0], O = n->i[2];
+  int ob;
+  float *db = dg__grad_buf_w(ctx, n->in[2], &ob);
+  if (ctx->err) return ctx->err;
   size_t bytes = (size_t)DG_MAX(R * O, (int64_t)1) * sizeof(float);
   float *dz = dg__scratch_take(ctx, bytes);
   if (!dz) return ctx->err;
-  dg__unary_args a = {DG_UNARY_RELU, 0, y, n->out->grad->data, dz, R * O, 0.0f};
-  dg__backend_get(n->out->device)->unary->bwd(&a);
-  int rc = linear_grads(ctx, n, dz);
+  dg__backend_get(n->out->device)->blas->relu_colsum(dz, n->out->grad->data, y, db, R, O, ob);
+  int rc = linear_grads(ctx, n, dz, 1);
   dg__scratch_give(ctx, dz, bytes);
   return rc;
 }

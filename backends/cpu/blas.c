@@ -45,6 +45,66 @@ void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite)
   colsum(db, dy, R, O, overwrite);
 }
 
+/* dz (R, O) = y > 0 ? dy : 0 (the relu op's backward) and, where db is
+ * given, db (+)= dz's column sums in colsum's order (its bits), in one pass
+ * over dy and y: dg_linear_relu's backward reads dz once fewer. Columns
+ * [c0, c1) of ld-wide rows. */
+DG_INLINE void relu_colsum_body(float *restrict dz, const float *restrict dy,
+                                const float *restrict y, float *restrict db, int64_t R,
+                                int64_t ld, int64_t c0, int64_t c1, int overwrite) {
+  for (int64_t o0 = c0; o0 < c1; o0 += COLSUM_COLS) {
+    const int64_t n = DG_MIN((int64_t)COLSUM_COLS, c1 - o0);
+    double d[COLSUM_COLS];
+    for (int64_t o = 0; o < n; o++) d[o] = 0;
+    for (int64_t r0 = 0; r0 < R; r0 += COLSUM_ROWS) {
+      float a[COLSUM_COLS];
+      const int64_t r1 = DG_MIN(R, r0 + COLSUM_ROWS);
+      for (int64_t r = r0; r < r1; r++) {
+        const float *restrict g = dy + r * ld + o0, *restrict s = y + r * ld + o0;
+        float *restrict z = dz + r * ld + o0;
+        for (int64_t o = 0; o < n; o++) z[o] = s[o] > 0.0f ? g[o] : 0.0f;
+        if (!db) continue;
+        if (r == r0) memcpy(a, z, (size_t)n * sizeof(float));
+        else for (int64_t o = 0; o < n; o++) a[o] += z[o];
+      }
+      if (db) for (int64_t o = 0; o < n; o++) d[o] += a[o];
+    }
+    if (!db) continue;
+    float *restrict out = db + o0;
+    if (overwrite) for (int64_t o = 0; o < n; o++) out[o] = (float)d[o];
+    else for (int64_t o = 0; o < n; o++) out[o] = (float)((double)out[o] + d[o]);
+  }
+}
+DG_SIMD_FN(relu_colsum,
+           (float *dz, const float *dy, const float *y, float *db, int64_t R, int64_t ld,
+            int64_t c0, int64_t c1, int overwrite),
+           (dz, dy, y, db, R, ld, c0, c1, overwrite))
+
+typedef struct {
+  float *dz, *db;
+  const float *dy, *y;
+  int64_t R, O;
+  int overwrite;
+} relu_colsum_job;
+
+static void relu_colsum_task(void *arg, int64_t lo, int64_t hi) {
+  const relu_colsum_job *j = arg;
+  relu_colsum(j->dz, j->dy, j->y, j->db, j->R, j->O, lo, hi, j->overwrite);
+}
+
+/* Split over the pool by columns (each column's sum is the same whatever
+ * the split), rows in order within each. */
+void dg__relu_colsum(float *dz, const float *dy, const float *y, float *db, int64_t R,
+                     int64_t O, int overwrite) {
+  if (db && R <= 0) { /* no rows: a fresh db is zero */
+    if (overwrite) memset(db, 0, (size_t)DG_MAX(O, (int64_t)0) * sizeof *db);
+    return;
+  }
+  relu_colsum_job j = {dz, db, dy, y, R, O, overwrite};
+  dg__parallel_range(O, DG_MAX((int64_t)16, DG_GRAIN_MEM / DG_MAX(R, (int64_t)1)),
+                     relu_colsum_task, &j);
+}
+
 /* y rows [lo, hi) = b: one row copied, then doubled (a few memcpy calls,
  * not one per row). */
 typedef struct {
@@ -135,6 +195,7 @@ const struct dg__kern_blas dg__cpu_kern_blas = {
     .sgemm = dg__sgemm,
     .sgemm_add = dg__sgemm_add,
     .colsum = dg__colsum,
+    .relu_colsum = dg__relu_colsum,
     .fill_rows = dg__fill_rows,
     .grad_pass = dg__grad_pass,
     .can_lend = dg__sgemm_own_on, /* only the own kernel's blocks keep the bits (gemm.c) */

@@ -85,6 +85,9 @@ void dg__transpose(const float *S, int64_t lds, int64_t rows, int64_t cols, floa
 
 /* db(O) (+)= column sums of dy(R, O); overwrite: store, do not add. */
 void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite);
+/* kern_blas.h's relu_colsum. */
+void dg__relu_colsum(float *dz, const float *dy, const float *y, float *db, int64_t R,
+                     int64_t O, int overwrite);
 /* y (R, O) = res + b per row, before a GEMM accumulates (beta 1); res or b
  * may be NULL (both: nothing is written). Split over the pool. */
 void dg__fill_rows(float *y, const float *res, const float *b, int64_t R, int64_t O);

@@ -71,6 +71,11 @@ static dg_tensor *f_linear_relu_twice(dg_ctx *ctx, dg_tensor **in, void *u) {
   return dg_add(ctx, f_linear_relu(ctx, in, u), dg_scale(ctx, f_linear_relu(ctx, in, u), 0.5f));
 }
 
+static dg_tensor *f_linear_relu_ref_twice(dg_ctx *ctx, dg_tensor **in, void *u) {
+  return dg_add(ctx, f_linear_relu_ref(ctx, in, u),
+                dg_scale(ctx, f_linear_relu_ref(ctx, in, u), 0.5f));
+}
+
 static int make_inputs(const mlp_case *c, dg_tensor **in, uint64_t seed) {
   int64_t sx[2] = {c->R, c->C}, s1[2] = {c->F, c->C}, s2[2] = {c->O, c->F};
   in[0] = gc_input(2, sx, -2.0f, 2.0f, seed);
@@ -243,11 +248,14 @@ static void vs_unfused(int threads) {
  * gradients, on each GEMM path: the own kernel over two passes of K (the
  * ReLU on the second only; 256 x 784 -> 512, the MLP benchmark's first
  * layer), as its transpose (64 rows), OpenBLAS with the ReLU a pass of its
- * own (10 outputs), and tiny shapes. A NaN input keeps its row of y NaN
- * (the relu op's x < 0 test keeps it), in both. */
+ * own (10 outputs), tiny shapes, and rows past the bias sum's block (600)
+ * in 300 columns (split over 2 threads); once and twice (the second node
+ * adds to the gradients). A NaN input keeps its row of y NaN (the relu
+ * op's x < 0 test keeps it), in both. */
 static void linear_relu_bits(int threads) {
   static const mlp_case cases[] = {
       {256, 784, 512, 1, 1}, {64, 784, 512, 1, 0}, {256, 256, 10, 1, 1}, {7, 3, 5, 1, 1},
+      {600, 40, 300, 1, 1},
   };
   dg_set_num_threads(threads);
   dg_ctx *ctx = NULL;
@@ -267,6 +275,10 @@ static void linear_relu_bits(int threads) {
     float *b = run(ctx, f_linear_relu_ref, &c, in, 4, w, ny, &nb);
     REQUIRE(na == nb);
     int same = !memcmp(a, b, (size_t)na * sizeof *a), neg = 0;
+    float *a2 = run(ctx, f_linear_relu_twice, &c, in, 4, w, ny, &na);
+    float *b2 = run(ctx, f_linear_relu_ref_twice, &c, in, 4, w, ny, &nb);
+    same = same && !memcmp(a2, b2, (size_t)na * sizeof *a2);
+    free(a2), free(b2);
     for (int64_t e = 0; e < ny; e++) neg += a[e] < 0.0f;
     fprintf(stderr, "linear_relu R=%lld C=%lld F=%lld threads=%d: %s\n", (long long)c.R,
             (long long)c.C, (long long)c.F, threads, same ? "same bits" : "bits differ");
