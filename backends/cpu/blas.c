@@ -14,44 +14,16 @@
  * is bounded by the block length, not by R (a bias gradient over 33k rows
  * summed in one f32 chain was off by 3e-4); columns go by chunks that keep
  * both accumulators in L1, each chunk streaming dy's rows in order. For
- * R <= COLSUM_ROWS a fresh db gets the plain f32 row chain's bits. */
+ * R <= COLSUM_ROWS a fresh db gets the plain f32 row chain's bits.
+ *
+ * With y, dz (R, O) = y > 0 ? dy : 0 (the relu op's backward) is stored
+ * and summed in the same pass (db NULL: stored only): dg_linear_relu's
+ * backward reads dz once fewer. Columns [c0, c1) of ld-wide rows. */
 #define COLSUM_ROWS 256
 #define COLSUM_COLS 512
-DG_INLINE void colsum_body(float *restrict db, const float *restrict dy, int64_t R, int64_t O,
+DG_INLINE void colsum_body(float *restrict dz, const float *restrict dy, const float *restrict y,
+                           float *restrict db, int64_t R, int64_t ld, int64_t c0, int64_t c1,
                            int overwrite) {
-  for (int64_t o0 = 0; o0 < O; o0 += COLSUM_COLS) {
-    const int64_t n = DG_MIN((int64_t)COLSUM_COLS, O - o0);
-    double d[COLSUM_COLS];
-    for (int64_t o = 0; o < n; o++) d[o] = 0;
-    for (int64_t r0 = 0; r0 < R; r0 += COLSUM_ROWS) {
-      float a[COLSUM_COLS];
-      const int64_t r1 = DG_MIN(R, r0 + COLSUM_ROWS);
-      memcpy(a, dy + r0 * O + o0, (size_t)n * sizeof(float));
-      for (int64_t r = r0 + 1; r < r1; r++) {
-        const float *restrict row = dy + r * O + o0;
-        for (int64_t o = 0; o < n; o++) a[o] += row[o];
-      }
-      for (int64_t o = 0; o < n; o++) d[o] += a[o];
-    }
-    float *restrict out = db + o0;
-    if (overwrite) for (int64_t o = 0; o < n; o++) out[o] = (float)d[o];
-    else for (int64_t o = 0; o < n; o++) out[o] = (float)((double)out[o] + d[o]);
-  }
-}
-DG_SIMD_FN(colsum, (float *db, const float *dy, int64_t R, int64_t O, int overwrite),
-           (db, dy, R, O, overwrite))
-
-void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite) {
-  colsum(db, dy, R, O, overwrite);
-}
-
-/* dz (R, O) = y > 0 ? dy : 0 (the relu op's backward) and, where db is
- * given, db (+)= dz's column sums in colsum's order (its bits), in one pass
- * over dy and y: dg_linear_relu's backward reads dz once fewer. Columns
- * [c0, c1) of ld-wide rows. */
-DG_INLINE void relu_colsum_body(float *restrict dz, const float *restrict dy,
-                                const float *restrict y, float *restrict db, int64_t R,
-                                int64_t ld, int64_t c0, int64_t c1, int overwrite) {
   for (int64_t o0 = c0; o0 < c1; o0 += COLSUM_COLS) {
     const int64_t n = DG_MIN((int64_t)COLSUM_COLS, c1 - o0);
     double d[COLSUM_COLS];
@@ -60,12 +32,16 @@ DG_INLINE void relu_colsum_body(float *restrict dz, const float *restrict dy,
       float a[COLSUM_COLS];
       const int64_t r1 = DG_MIN(R, r0 + COLSUM_ROWS);
       for (int64_t r = r0; r < r1; r++) {
-        const float *restrict g = dy + r * ld + o0, *restrict s = y + r * ld + o0;
-        float *restrict z = dz + r * ld + o0;
-        for (int64_t o = 0; o < n; o++) z[o] = s[o] > 0.0f ? g[o] : 0.0f;
+        const float *restrict v = dy + r * ld + o0;
+        if (y) {
+          const float *restrict s = y + r * ld + o0;
+          float *restrict z = dz + r * ld + o0;
+          for (int64_t o = 0; o < n; o++) z[o] = s[o] > 0.0f ? v[o] : 0.0f;
+          v = z;
+        }
         if (!db) continue;
-        if (r == r0) memcpy(a, z, (size_t)n * sizeof(float));
-        else for (int64_t o = 0; o < n; o++) a[o] += z[o];
+        if (r == r0) memcpy(a, v, (size_t)n * sizeof(float));
+        else for (int64_t o = 0; o < n; o++) a[o] += v[o];
       }
       if (db) for (int64_t o = 0; o < n; o++) d[o] += a[o];
     }
@@ -75,10 +51,14 @@ DG_INLINE void relu_colsum_body(float *restrict dz, const float *restrict dy,
     else for (int64_t o = 0; o < n; o++) out[o] = (float)((double)out[o] + d[o]);
   }
 }
-DG_SIMD_FN(relu_colsum,
+DG_SIMD_FN(colsum,
            (float *dz, const float *dy, const float *y, float *db, int64_t R, int64_t ld,
             int64_t c0, int64_t c1, int overwrite),
            (dz, dy, y, db, R, ld, c0, c1, overwrite))
+
+void dg__colsum(float *db, const float *dy, int64_t R, int64_t O, int overwrite) {
+  colsum(NULL, dy, NULL, db, R, O, 0, O, overwrite);
+}
 
 typedef struct {
   float *dz, *db;
@@ -89,17 +69,13 @@ typedef struct {
 
 static void relu_colsum_task(void *arg, int64_t lo, int64_t hi) {
   const relu_colsum_job *j = arg;
-  relu_colsum(j->dz, j->dy, j->y, j->db, j->R, j->O, lo, hi, j->overwrite);
+  colsum(j->dz, j->dy, j->y, j->db, j->R, j->O, lo, hi, j->overwrite);
 }
 
 /* Split over the pool by columns (each column's sum is the same whatever
- * the split), rows in order within each. */
+ * the split), rows in order within each (no rows: a fresh db is zero). */
 void dg__relu_colsum(float *dz, const float *dy, const float *y, float *db, int64_t R,
                      int64_t O, int overwrite) {
-  if (db && R <= 0) { /* no rows: a fresh db is zero */
-    if (overwrite) memset(db, 0, (size_t)DG_MAX(O, (int64_t)0) * sizeof *db);
-    return;
-  }
   relu_colsum_job j = {dz, db, dy, y, R, O, overwrite};
   dg__parallel_range(O, DG_MAX((int64_t)16, DG_GRAIN_MEM / DG_MAX(R, (int64_t)1)),
                      relu_colsum_task, &j);
