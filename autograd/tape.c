@@ -201,6 +201,7 @@ static dg_tensor *grad_tensor_new(dg_ctx *ctx, const dg_tensor *t) {
 float *dg__grad_buf_w(dg_ctx *ctx, dg_tensor *t, int *overwrite) {
   *overwrite = 0;
   if (!dg__wants_grad(t)) return NULL;
+  t->flags &= ~(uint32_t)DG_TF_GRAD_RELU; /* another contribution, maybe unmasked */
   if (!t->grad) {
     dg_tensor *g;
     if (t->flags & DG_TF_ARENA) {

@@ -28,6 +28,11 @@ enum {
   /* a buffer of a store (core/buffers.c; also DG_TF_PARAM: the store owns
    * it): its header is a dg__buffer_hdr, which carries its name */
   DG_TF_BUFFER = 1u << 5,
+  /* the gradient buffer holds only masked contributions (zero where the
+   * tensor, a ReLU's output, is not > 0): set by its first writer that
+   * masked (a linear's input gradient, ops/matmul.c), cleared by any other
+   * writer (dg__grad_buf_w) and by the producing node when it runs */
+  DG_TF_GRAD_RELU = 1u << 6,
 };
 
 typedef struct dg_storage {

@@ -191,6 +191,15 @@ static int64_t rows_ld(const dg_tensor *x, int64_t I) {
   return ld >= I && ld >= 1 ? ld : 0;
 }
 
+static int linear_relu_backward(dg_ctx *ctx, dg_node *n);
+
+/* Whether x (rows ld apart) is a dg_linear_relu's output, whose gradient
+ * that node masks by x > 0: its first writer may mask instead, in the
+ * GEMM's stores (DG_TF_GRAD_RELU), and spare the node a pass. */
+static int relu_output(const dg_tensor *x, int64_t ld, int64_t I) {
+  return x->node && x->node->out == x && x->node->backward == linear_relu_backward && ld == I;
+}
+
 /* The gradients of x, w, b (unless db_done) and dg_linear_add's res from
  * dy (R, O). */
 static int linear_grads(dg_ctx *ctx, dg_node *n, const float *dy, int db_done) {
@@ -210,8 +219,13 @@ static int linear_grads(dg_ctx *ctx, dg_node *n, const float *dy, int db_done) {
   float *dx = dg__grad_buf_w(ctx, x, &ox), *dw = dg__grad_buf_w(ctx, w, &ow);
   float *db = db_done ? NULL : dg__grad_buf_w(ctx, b, &ob);
   if (ctx->err) return ctx->err;
-  if (dx) /* dy(R,O) w(O,I) */
+  if (dx && ox && relu_output(x, ldx, I)) { /* dy(R,O) w(O,I), masked by x > 0 */
+    dg__gemm_epi e = {.mask = xp};
+    k->sgemm_add(0, W.colmajor, R, I, O, dy, O, W.p, W.ld, &e, dx, I);
+    x->flags |= DG_TF_GRAD_RELU;
+  } else if (dx) { /* dy(R,O) w(O,I) */
     k->sgemm(0, W.colmajor, R, I, O, 1.0f, dy, O, W.p, W.ld, ox ? 0.0f : 1.0f, dx, I);
+  }
   if (dw) /* dy^T(O,R) x(R,I) */
     k->sgemm(1, 0, O, I, R, 1.0f, dy, O, xp, ldx, ow ? 0.0f : 1.0f, dw, I);
   if (db) k->colsum(db, dy, R, O, ob);
@@ -229,8 +243,13 @@ static int linear_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 /* dg_linear_relu: dz (R, O) = y > 0 ? dy : 0 from the saved output, with
- * db summed in the same pass, then the linear's other gradients from dz. */
+ * db summed in the same pass, then the linear's other gradients from dz;
+ * dz is dy where its only writer masked it already. */
 static int linear_relu_backward(dg_ctx *ctx, dg_node *n) {
+  if (n->out->flags & DG_TF_GRAD_RELU) {
+    n->out->flags &= ~(uint32_t)DG_TF_GRAD_RELU;
+    return linear_grads(ctx, n, n->out->grad->data, 0);
+  }
   dg_tensor *sy = dg__saved(ctx, n, 2);
   const float *y = sy ? dg__contig_data(ctx, "linear_relu backward", sy) : NULL;
   if (!y) return ctx->err;
@@ -290,7 +309,8 @@ static dg_tensor *linear_impl(dg_ctx *ctx, const char *op, dg_tensor *x, dg_tens
   const float *bp = b ? dg__contig_data(ctx, op, b) : NULL;
   const float *rp = res ? dg__contig_data(ctx, op, res) : NULL;
   if ((b && !bp) || (res && !rp)) return NULL;
-  be->blas->sgemm_add(0, !W.colmajor, R, O, I, xp, ldx, W.p, W.ld, rp, bp, relu, yp, O);
+  dg__gemm_epi e = {rp, bp, NULL, relu};
+  be->blas->sgemm_add(0, !W.colmajor, R, O, I, xp, ldx, W.p, W.ld, &e, yp, O);
   if (dg__needs_grad(ctx, res ? 4 : 3, in)) {
     dg_node *n = dg__record(ctx, relu ? "linear_relu" : "linear",
                             relu ? linear_relu_backward : linear_backward, y,

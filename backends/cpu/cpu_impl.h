@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "backends/kern_blas.h"
 #include "base/common_impl.h"
 #include "base/threads_impl.h"
 
@@ -39,11 +40,9 @@ extern const struct dg__kern_blas dg__cpu_kern_blas;
  * the stored row lengths. */
 void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-/* C = op(A) op(B) + res + bias, through ReLU where relu (kern_blas.h's
- * sgemm_add). */
+/* C = op(A) op(B) through the epilogue e (kern_blas.h's sgemm_add). */
 void dg__sgemm_add(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                   const float *B, int64_t ldb, const float *res, const float *bias, int relu,
-                   float *C, int64_t ldc);
+                   const float *B, int64_t ldb, const dg__gemm_epi *e, float *C, int64_t ldc);
 
 /* dgrad's own AVX-512 SGEMM (gemm_own.c), same contract as dg__sgemm on
  * one thread. Returns 0, or -1 without doing anything where it does not
@@ -51,13 +50,13 @@ void dg__sgemm_add(int ta, int tb, int64_t M, int64_t N, int64_t K, const float 
  * buffers): the caller then runs OpenBLAS. */
 int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-/* The same with C = alpha op(A) op(B) + res + bias where res (M, N; at C's
- * row stride) or bias (N, added to every row) is given, beta unused: the
- * bits of a fill of C with res + bias and beta 1, without the fill; relu:
- * then C = C < 0 ? 0 : C, as it is stored (the relu kernel's bits). */
+/* The same through the epilogue e (NULL: none): C = alpha op(A) op(B) +
+ * res + bias where res or bias is given (beta unused: the bits of a fill of
+ * C with res + bias and beta 1, without the fill), then e's selects as C is
+ * stored (the relu kernel's bits). */
 int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                      const float *res, const float *bias, int relu, float *C, int64_t ldc);
+                      const dg__gemm_epi *e, float *C, int64_t ldc);
 /* Whether the CPU can run it (AVX-512F). */
 int dg__sgemm_own_cpu(void);
 /* Makes packing buffers for n products at once (the compute threads of a

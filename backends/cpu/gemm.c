@@ -7,6 +7,7 @@
 
 #include "dgrad_config.h"
 #include "backends/cpu/cpu_impl.h"
+#include "backends/kern_blas.h"
 #include "base/lend_impl.h"
 #include "base/threads_impl.h"
 #include "base/trace_impl.h"
@@ -27,15 +28,32 @@ static void fill_block(float *C, int64_t ldc, const float *res, const float *bia
     dg__fill_rows(C + i * ldc, res ? res + i * ldc : NULL, bias, 1, N);
 }
 
-/* C (M, N) = C < 0 ? 0 : C (the relu kernel's select), after a product
- * the own kernel did not take. */
-DG_INLINE void relu_block_body(float *C, int64_t ldc, int64_t M, int64_t N) {
+/* C (M, N) = C < 0 ? 0 : C where relu, then mask > 0 ? C : 0 where mask
+ * (the relu kernel's selects), after a product the own kernel did not
+ * take. */
+DG_INLINE void select_block_body(float *C, int64_t ldc, int64_t M, int64_t N, int relu,
+                                 const float *mask) {
   for (int64_t i = 0; i < M; i++) {
     float *restrict c = C + i * ldc;
-    for (int64_t j = 0; j < N; j++) c[j] = c[j] < 0.0f ? 0.0f : c[j];
+    if (relu)
+      for (int64_t j = 0; j < N; j++) c[j] = c[j] < 0.0f ? 0.0f : c[j];
+    if (mask) {
+      const float *restrict m = mask + i * ldc;
+      for (int64_t j = 0; j < N; j++) c[j] = m[j] > 0.0f ? c[j] : 0.0f;
+    }
   }
 }
-DG_SIMD_FN(relu_block, (float *C, int64_t ldc, int64_t M, int64_t N), (C, ldc, M, N))
+DG_SIMD_FN(select_block,
+           (float *C, int64_t ldc, int64_t M, int64_t N, int relu, const float *mask),
+           (C, ldc, M, N, relu, mask))
+
+/* e's pointers at the block of C at row r0, column c0 (rows ldc apart). */
+static dg__gemm_epi epi_at(const dg__gemm_epi *e, int64_t r0, int64_t c0, int64_t ldc) {
+  int64_t off = r0 * ldc + c0;
+  dg__gemm_epi b = {e->res ? e->res + off : NULL, e->bias ? e->bias + c0 : NULL,
+                    e->mask ? e->mask + off : NULL, e->relu};
+  return b;
+}
 
 /* C = alpha op(A) op(B) + beta C on OpenBLAS, or without it a plain loop. */
 static void sgemm_plain(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -68,18 +86,18 @@ static void sgemm_plain(int ta, int tb, int64_t M, int64_t N, int64_t K, float a
 }
 
 /* own: the whole product's dg__sgemm_own_fits, passed to each of its
- * blocks. res/bias (dg__sgemm_add's, at this block) replace beta C; relu
- * follows. */
+ * blocks. e (dg__sgemm_add's, at this block; NULL: none): res/bias
+ * replace beta C, the selects follow. */
 static void sgemm1(int own, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                   const float *res, const float *bias, int relu, float *C, int64_t ldc) {
+                   const dg__gemm_epi *e, float *C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
-  if (own &&
-      !dg__sgemm_own_add(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, res, bias, relu, C, ldc))
+  if (own && !dg__sgemm_own_add(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, e, C, ldc))
     return;
-  if (res || bias) fill_block(C, ldc, res, bias, M, N), beta = 1.0f; /* the own kernel declined */
+  if (e && (e->res || e->bias)) /* the own kernel declined */
+    fill_block(C, ldc, e->res, e->bias, M, N), beta = 1.0f;
   sgemm_plain(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  if (relu) relu_block(C, ldc, M, N);
+  if (e && (e->relu || e->mask)) select_block(C, ldc, M, N, e->relu, e->mask);
 }
 
 /* ---- split over the pool: each task owns a block of C's rows or of its
@@ -111,23 +129,23 @@ typedef struct {
   float alpha, beta;
   const float *A, *B;
   float *C;
-  const float *res, *bias; /* own kernel only: dg__sgemm_add's */
-  int relu;
+  const dg__gemm_epi *e; /* dg__sgemm_add's, or NULL */
 } gemm_job;
 
 static void gemm_task(void *arg, int t) {
   const gemm_job *j = arg;
   int64_t lo = t * j->step, hi = DG_MIN(lo + j->step, j->by_cols ? j->N : j->M);
   if (lo >= hi) return;
+  dg__gemm_epi e = {0};
+  if (j->e) e = epi_at(j->e, j->by_cols ? 0 : lo, j->by_cols ? lo : 0, j->ldc);
   if (j->by_cols) { /* columns [lo, hi) of op(B) and C */
     const float *b = j->tb ? j->B + lo * j->ldb : j->B + lo;
     sgemm1(j->own, j->ta, j->tb, j->M, hi - lo, j->K, j->alpha, j->A, j->lda, b, j->ldb, j->beta,
-           j->res ? j->res + lo : NULL, j->bias ? j->bias + lo : NULL, j->relu, j->C + lo,
-           j->ldc);
+           j->e ? &e : NULL, j->C + lo, j->ldc);
   } else { /* rows [lo, hi) of op(A) and C */
     const float *a = j->ta ? j->A + lo : j->A + lo * j->lda;
     sgemm1(j->own, j->ta, j->tb, hi - lo, j->N, j->K, j->alpha, a, j->lda, j->B, j->ldb, j->beta,
-           j->res ? j->res + lo * j->ldc : NULL, j->bias, j->relu, j->C + lo * j->ldc, j->ldc);
+           j->e ? &e : NULL, j->C + lo * j->ldc, j->ldc);
   }
 }
 
@@ -184,10 +202,10 @@ static int split_probe(const split_slot *e, int cols, float alpha, float beta) {
   }
   memcpy(c2, c1, nc * sizeof(float));
   int64_t lda = e->ta ? M : K, ldb = e->tb ? K : N;
-  sgemm1(0, e->ta, e->tb, M, N, K, alpha, a, lda, b, ldb, beta, NULL, NULL, 0, c1, N);
+  sgemm1(0, e->ta, e->tb, M, N, K, alpha, a, lda, b, ldb, beta, NULL, c1, N);
   /* the blocks as the split itself cuts them (gemm_task), one after another */
   gemm_job j = {0, e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, step, alpha, beta, a, b, c2,
-                NULL, NULL, 0};
+                NULL};
   for (int t = 0; t * step < len; t++) gemm_task(&j, t);
   int same = !memcmp(c1, c2, nc * sizeof(float));
   dg__free(a);
@@ -238,31 +256,32 @@ static void split_record(split_slot *e, int cols, int64_t ns) {
 #define LEND_TASKS 8
 static int sgemm_lend(int own, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                      const float *res, const float *bias, int relu, float *C, int64_t ldc) {
+                      const dg__gemm_epi *e, float *C, int64_t ldc) {
   if (!own || M <= 0 || (double)M * N * K < LEND_MIN || N < 2 * COL_ALIGN || !dg__lend_armed())
     return 0;
   dg__sgemm_own_reserve(2); /* the worker's buffers, made in the first step */
-  gemm_job j = {own, ta, tb, 1, 0, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, res, bias,
-                relu};
+  gemm_job j = {own, ta, tb, 1, 0, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, e};
   job_cut(&j, LEND_TASKS);
   return dg__lend_for(j.ntasks, gemm_task, &j); /* asks the probe */
 }
 
-/* dg__sgemm, or with res/bias/relu dg__sgemm_add (alpha 1). */
+/* dg__sgemm, or with e dg__sgemm_add (alpha 1). */
 static void sgemm_any(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                      const float *res, const float *bias, int relu, float *C, int64_t ldc) {
+                      const dg__gemm_epi *e, float *C, int64_t ldc) {
   int threads = dg_get_num_threads(), own = dg__sgemm_own_fits(M, N, K);
-  if ((res || bias) && !own && M > 0 && N > 0) { /* OpenBLAS: fill, then accumulate */
-    fill_block(C, ldc, res, bias, M, N);
-    res = bias = NULL, beta = 1.0f;
+  dg__gemm_epi sel;
+  if (e && (e->res || e->bias) && !own && M > 0 && N > 0) { /* OpenBLAS: fill, then accumulate */
+    fill_block(C, ldc, e->res, e->bias, M, N);
+    sel = (dg__gemm_epi){NULL, NULL, e->mask, e->relu}; /* the selects still to do */
+    e = &sel, beta = 1.0f;
   }
   /* below ~0.5 MFLOP the fork/join costs more than it saves */
   if (threads <= 1 || M <= 0 || N <= 0 || (double)M * N * K < 262144.0) {
     if (threads <= 1 &&
-        sgemm_lend(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, res, bias, relu, C, ldc))
+        sgemm_lend(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, e, C, ldc))
       return;
-    sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, res, bias, relu, C, ldc);
+    sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, e, C, ldc);
     return;
   }
   if (own) dg__sgemm_own_reserve(threads); /* every block's buffers, before any step counts */
@@ -275,11 +294,10 @@ static void sgemm_any(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
   int cols = split_pick(&shape, can, alpha, beta, &timing);
   pthread_mutex_unlock(&g_split_mu);
   if (cols < 0) { /* no split gives the whole's bits */
-    sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, res, bias, relu, C, ldc);
+    sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, e, C, ldc);
     return;
   }
-  gemm_job j = {own, ta, tb, cols, threads, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C,
-                res, bias, relu};
+  gemm_job j = {own, ta, tb, cols, threads, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, e};
   job_cut(&j, threads);
   int64_t t0 = timing ? (int64_t)dg__trace_now() : 0;
   dg__parallel_for(j.ntasks, gemm_task, &j);
@@ -293,15 +311,14 @@ static void sgemm_any(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
 
 void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-  sgemm_any(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, NULL, 0, C, ldc);
+  sgemm_any(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc);
 }
 
 /* On the own kernel res + bias go in with the first pass's stores (no fill
- * pass over C, and C is not read back) and ReLU with the last pass's;
- * elsewhere C is filled, the GEMM accumulates and ReLU is a pass over each
- * block, with the same bits. */
+ * pass over C, and C is not read back) and the selects with the last
+ * pass's; elsewhere C is filled, the GEMM accumulates and the selects are
+ * a pass over each block, with the same bits. */
 void dg__sgemm_add(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                   const float *B, int64_t ldb, const float *res, const float *bias, int relu,
-                   float *C, int64_t ldc) {
-  sgemm_any(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, res, bias, relu, C, ldc);
+                   const float *B, int64_t ldb, const dg__gemm_epi *e, float *C, int64_t ldc) {
+  sgemm_any(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, e, C, ldc);
 }

@@ -201,11 +201,12 @@ DG_TARGET_AVX512 static void pack_b(int tb, const float *B, int64_t ldb, int64_t
 
 /* What the first pass adds to alpha * acc: res + bias where either is
  * given (res at C's offset and stride, bias at C's first column), else
- * beta * C. Later passes add C. relu: the last pass stores max(0, value)
- * (x < 0 ? 0 : x, as the relu kernel: NaN and -0 kept). */
+ * beta * C. Later passes add C. The last pass's selects: relu stores
+ * max(0, value) (x < 0 ? 0 : x, as the relu kernel: NaN and -0 kept);
+ * mask (at C's offset and stride) stores mask > 0 ? value : 0. */
 typedef struct {
   float alpha, beta;
-  const float *res, *bias;
+  const float *res, *bias, *mask;
   int relu;
 } own_epi;
 
@@ -241,6 +242,10 @@ DG_TARGET_AVX512 DG_INLINE void store_t(const float *t, float *C, int64_t ldc, i
         x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, cp), x);
       }
       if (e->relu) x = RELU(x);
+      if (e->mask) { /* mask > 0 ? x : 0 (a NaN mask is not > 0) */
+        __m512 g = _mm512_maskz_loadu_ps(m, e->mask + (h * 16 + c) * ldc);
+        x = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GT_OQ), x);
+      }
       _mm512_mask_storeu_ps(cp, m, x);
     }
   }
@@ -326,6 +331,13 @@ DG_TARGET_AVX512 DG_INLINE void tile_body(int64_t kc, const float *restrict ap, 
       if (nv > 1) x1 = first ? _mm512_fmadd_ps(vb, y1, x1) : _mm512_add_ps(x1, y1);
     }
     if (e->relu) x0 = RELU(x0), x1 = RELU(x1);
+    if (e->mask) { /* mask > 0 ? x : 0 (a NaN mask is not > 0) */
+      const float *mr = e->mask + r * ldc;
+      __m512 z = _mm512_setzero_ps();
+      x0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(LOAD16(full, m0, mr), z, _CMP_GT_OQ), x0);
+      if (nv > 1)
+        x1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(LOAD16(full, m1, mr + 16), z, _CMP_GT_OQ), x1);
+    }
     store_row(c, x0, x1, m0, m1, nv, full);
   }
 }
@@ -355,12 +367,12 @@ static tile_fn *const g_tiles[2][2][2] = {{{tile_pk1, tile_pk2}, {tile_ip1, tile
  * op(A) op(B) + ... (the product computed as its transpose: A and B here
  * are the caller's B and A). */
 typedef struct {
-  int ta, tb, trc, relu;
+  int ta, tb, trc;
   int64_t M, K, lda, ldb, ldc;
   float alpha, beta;
   const float *A, *B;
   float *C;
-  const float *res, *bias; /* res at C's stride; bias along C's columns */
+  dg__gemm_epi e; /* res and mask at C's stride; bias along C's columns */
 } own_job;
 
 /* One pass (k0, kc) over columns j0..j0+nc: pack that B block once, then
@@ -382,9 +394,10 @@ static void own_block(const own_job *j, own_buf *buf, int64_t k0, int64_t kc, in
     for (int64_t jp = 0; jp < nc; jp += NR) {
       int nr = (int)DG_MIN(nc - jp, NR);
       int64_t off = j->trc ? (j0 + jp) * j->ldc + i0 : i0 * j->ldc + j0 + jp;
-      own_epi e = {j->alpha, j->beta, j->res ? j->res + off : NULL,
-                   j->bias ? j->bias + (j->trc ? i0 : j0 + jp) : NULL,
-                   j->relu && k0 + kc == j->K};
+      int last = k0 + kc == j->K;
+      own_epi e = {j->alpha, j->beta, j->e.res ? j->e.res + off : NULL,
+                   j->e.bias ? j->e.bias + (j->trc ? i0 : j0 + jp) : NULL,
+                   j->e.mask && last ? j->e.mask + off : NULL, j->e.relu && last};
       g_tiles[j->trc][ip][nr > 16](kc, ap, j->lda, buf->b + jp * kc, j->C + off, j->ldc, mr, nr,
                                    &e, k0 == 0);
     }
@@ -404,14 +417,15 @@ static int transposed_pays(int ta, int tb, int64_t M, int64_t K) {
 
 int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                      const float *res, const float *bias, int relu, float *C, int64_t ldc) {
+                      const dg__gemm_epi *e, float *C, int64_t ldc) {
   if (M <= 0 || N <= 0 || K <= 0 || alpha == 0.0f) return -1; /* the caller's plain paths */
   int slot;
   own_buf *buf = slot_claim(&slot);
   if (!buf) return -1;
-  own_job j = {ta, tb, 0, relu, M, K, lda, ldb, ldc, alpha, beta, A, B, C, res, bias};
+  own_job j = {ta, tb, 0, M, K, lda, ldb, ldc, alpha, beta, A, B, C, {0}};
+  if (e) j.e = *e;
   if (transposed_pays(ta, tb, M, K)) { /* C^T = op(B)^T op(A)^T */
-    j = (own_job){!tb, !ta, 1, relu, N, K, ldb, lda, ldc, alpha, beta, B, A, C, res, bias};
+    j = (own_job){!tb, !ta, 1, N, K, ldb, lda, ldc, alpha, beta, B, A, C, j.e};
     int64_t t = M;
     M = N, N = t;
   }
@@ -518,9 +532,9 @@ int dg__sgemm_own_cpu(void) {
 
 int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                      const float *res, const float *bias, int relu, float *C, int64_t ldc) {
+                      const dg__gemm_epi *e, float *C, int64_t ldc) {
   (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B;
-  (void)ldb, (void)beta, (void)res, (void)bias, (void)relu, (void)C, (void)ldc;
+  (void)ldb, (void)beta, (void)e, (void)C, (void)ldc;
   return -1;
 }
 
@@ -554,7 +568,7 @@ void dg__sgemm_own_reserve(int n) { (void)n; }
 
 int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-  return dg__sgemm_own_add(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, NULL, 0, C, ldc);
+  return dg__sgemm_own_add(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc);
 }
 
 /* ---- which SGEMM a process uses ----

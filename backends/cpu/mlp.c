@@ -111,10 +111,11 @@ static void mlp_fwd_rows(const float *x, const float *w1, const float *b1, const
   for (int64_t r0 = 0; r0 < R; r0 += rb) {
     int64_t m = DG_MIN(rb, R - r0);
     float *hb = h_whole ? h + r0 * F : h, *yb = y + r0 * O;
-    dg__sgemm_add(0, 1, m, F, C, x + r0 * C, C, w1, C, NULL, b1, 0, hb, F); /* b1 + x w1^T */
+    dg__gemm_epi e1 = {.bias = b1}, e2 = {.res = res ? res + r0 * O : NULL, .bias = b2};
+    dg__sgemm_add(0, 1, m, F, C, x + r0 * C, C, w1, C, &e1, hb, F); /* b1 + x w1^T */
     ew_job j = {.h = hb, .g = g, .F = F};
     dg__parallel_range(m, row_grain(F), gelu_rows_task, &j);
-    dg__sgemm_add(0, 1, m, O, F, g, F, w2, F, res ? res + r0 * O : NULL, b2, 0, yb, O); /* + g w2^T */
+    dg__sgemm_add(0, 1, m, O, F, g, F, w2, F, &e2, yb, O); /* + g w2^T */
   }
 }
 

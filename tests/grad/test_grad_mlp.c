@@ -76,6 +76,34 @@ static dg_tensor *f_linear_relu_ref_twice(dg_ctx *ctx, dg_tensor **in, void *u) 
                 dg_scale(ctx, f_linear_relu_ref(ctx, in, u), 0.5f));
 }
 
+/* A linear after dg_linear_relu: its input gradient is the ReLU output's
+ * only one, masked in the GEMM's stores, and the ReLU's node skips its
+ * mask. h = relu(x w1^T + b1); y = h w2^T + b2 (in[2] w2 (O, F), in[4] b2). */
+static dg_tensor *chain(dg_ctx *ctx, dg_tensor **in, mlp_case *c, int fused) {
+  dg_tensor *b1 = c->bias ? in[3] : NULL, *b2 = c->bias ? in[4] : NULL;
+  dg_tensor *h = fused ? dg_linear_relu(ctx, in[0], in[1], b1)
+                       : dg_relu(ctx, dg_linear(ctx, in[0], in[1], b1));
+  return dg_linear(ctx, h, in[2], b2);
+}
+static dg_tensor *f_chain(dg_ctx *ctx, dg_tensor **in, void *u) { return chain(ctx, in, u, 1); }
+static dg_tensor *f_chain_ref(dg_ctx *ctx, dg_tensor **in, void *u) {
+  return chain(ctx, in, u, 0);
+}
+/* h used twice: the masked linear writes h's gradient first (recorded
+ * last), then dg_scale's backward adds an unmasked part, so the ReLU's
+ * node must mask after all: y = h w2^T + b2 + (h / 2) w2^T. */
+static dg_tensor *chain2(dg_ctx *ctx, dg_tensor **in, mlp_case *c, int fused) {
+  dg_tensor *b1 = c->bias ? in[3] : NULL, *b2 = c->bias ? in[4] : NULL;
+  dg_tensor *h = fused ? dg_linear_relu(ctx, in[0], in[1], b1)
+                       : dg_relu(ctx, dg_linear(ctx, in[0], in[1], b1));
+  dg_tensor *y2 = dg_linear(ctx, dg_scale(ctx, h, 0.5f), in[2], NULL);
+  return dg_add(ctx, dg_linear(ctx, h, in[2], b2), y2);
+}
+static dg_tensor *f_chain2(dg_ctx *ctx, dg_tensor **in, void *u) { return chain2(ctx, in, u, 1); }
+static dg_tensor *f_chain2_ref(dg_ctx *ctx, dg_tensor **in, void *u) {
+  return chain2(ctx, in, u, 0);
+}
+
 static int make_inputs(const mlp_case *c, dg_tensor **in, uint64_t seed) {
   int64_t sx[2] = {c->R, c->C}, s1[2] = {c->F, c->C}, s2[2] = {c->O, c->F};
   in[0] = gc_input(2, sx, -2.0f, 2.0f, seed);
@@ -254,8 +282,8 @@ static void vs_unfused(int threads) {
  * op's x < 0 test keeps it), in both. */
 static void linear_relu_bits(int threads) {
   static const mlp_case cases[] = {
-      {256, 784, 512, 1, 1}, {64, 784, 512, 1, 0}, {256, 256, 10, 1, 1}, {7, 3, 5, 1, 1},
-      {600, 40, 300, 1, 1},
+      {256, 784, 512, 256, 1}, {64, 784, 512, 10, 0}, {256, 256, 10, 3, 1}, {7, 3, 5, 2, 1},
+      {600, 40, 300, 7, 1},
   };
   dg_set_num_threads(threads);
   dg_ctx *ctx = NULL;
@@ -279,6 +307,17 @@ static void linear_relu_bits(int threads) {
     float *b2 = run(ctx, f_linear_relu_ref_twice, &c, in, 4, w, ny, &nb);
     same = same && !memcmp(a2, b2, (size_t)na * sizeof *a2);
     free(a2), free(b2);
+    /* followed by a linear: masked in its GEMM (own kernel for the first
+     * two, OpenBLAS's pass for the rest), and with a second consumer */
+    int64_t nc = c.R * c.O;
+    use_only(in, c.bias ? 0x1f : 0x07);
+    gc_fn f[2][2] = {{f_chain, f_chain_ref}, {f_chain2, f_chain2_ref}};
+    for (int v = 0; v < 2; v++) {
+      a2 = run(ctx, f[v][0], &c, in, 5, w, nc, &na);
+      b2 = run(ctx, f[v][1], &c, in, 5, w, nc, &nb);
+      same = same && na == nb && !memcmp(a2, b2, (size_t)na * sizeof *a2);
+      free(a2), free(b2);
+    }
     for (int64_t e = 0; e < ny; e++) neg += a[e] < 0.0f;
     fprintf(stderr, "linear_relu R=%lld C=%lld F=%lld threads=%d: %s\n", (long long)c.R,
             (long long)c.C, (long long)c.F, threads, same ? "same bits" : "bits differ");

@@ -223,24 +223,27 @@ static void test_small(void) {
   fprintf(stderr, "small: %d shapes\n", n);
 }
 
-/* dg__sgemm_add: res + bias go in with the own kernel's first pass, ReLU
- * with the last, and must give the bits of a fill of C, beta 1 and a ReLU
- * pass (what OpenBLAS's path does), on every layout, as the transposed
- * product (64 x 96 x 300, x W^T), split over 2 threads, and with K over
- * one pass (40 x 72 x 700: ReLU on the second pass only). A NaN in res
- * stays NaN through ReLU, as the relu op keeps it. */
+/* dg__sgemm_add: res + bias go in with the own kernel's first pass, the
+ * ReLU and mask selects with the last, and must give the bits of a fill of
+ * C, beta 1 and the select passes (what OpenBLAS's path does), on every
+ * layout, as the transposed product (64 x 96 x 300, x W^T), split over 2
+ * threads, and with K over one pass (40 x 72 x 700: selects on the second
+ * pass only). A NaN in res stays NaN through ReLU, as the relu op keeps
+ * it; a NaN mask is not > 0. */
 static void test_add(void) {
   static const int64_t shapes[][3] = {{96, 320, 200}, {64, 96, 300}, {40, 72, 700}};
   int n = 0;
   for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
     for (int t = 0; t < 4; t++)
-      for (int what = 1; what < 8; what++) /* 1 res, 2 bias, 3 both; | 4: relu */
-        for (int th = 1; th <= 2 && what != 4; th++) {
+      for (int what = 1; what < 16; what++) /* 1 res, 2 bias, 3 both; | 4 relu, | 8 mask */
+        for (int th = 1; th <= 2; th++) {
           int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
           int ta = t & 1, tb = t >> 1;
           CHECK(dg__sgemm_own_fits(M, N, K));
           float *A = rnd_buf((size_t)(M * K)), *B = rnd_buf((size_t)(K * N));
-          int relu = what >= 4;
+          int relu = what >> 2 & 1;
+          float *mask = what & 8 ? rnd_buf((size_t)(M * N)) : NULL;
+          if (mask) mask[2 * N + 5] = NAN; /* not > 0: C 0 there */
           float *res = what & 1 ? rnd_buf((size_t)(M * N)) : NULL;
           if (res) res[N + 3] = NAN;
           float *bias = what & 2 ? rnd_buf((size_t)N) : NULL;
@@ -248,19 +251,22 @@ static void test_add(void) {
           REQUIRE(C1 && C2);
           dg_set_num_threads(th);
           for (int64_t i = 0; i < M * N; i++) {
-            C1[i] = res && bias ? res[i] + bias[i % N] : res ? res[i] : bias[i % N];
+            C1[i] = res && bias ? res[i] + bias[i % N] : res ? res[i] : bias ? bias[i % N] : 0;
             C2[i] = NAN; /* not read */
           }
           dg__sgemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 1.0f, C1, N);
-          if (relu)
-            for (int64_t i = 0; i < M * N; i++) C1[i] = C1[i] < 0.0f ? 0.0f : C1[i];
-          dg__sgemm_add(ta, tb, M, N, K, A, ta ? M : K, B, tb ? K : N, res, bias, relu, C2, N);
-          if (res) CHECK(isnan(C2[N + 3]));
+          for (int64_t i = 0; i < M * N; i++) {
+            if (relu) C1[i] = C1[i] < 0.0f ? 0.0f : C1[i];
+            if (mask) C1[i] = mask[i] > 0.0f ? C1[i] : 0.0f;
+          }
+          dg__sgemm_add(ta, tb, M, N, K, A, ta ? M : K, B, tb ? K : N,
+                        &(dg__gemm_epi){res, bias, mask, relu}, C2, N);
+          if (res && !mask) CHECK(isnan(C2[N + 3]));
           if (memcmp(C1, C2, (size_t)(M * N) * sizeof *C1))
             fprintf(stderr, "add: ta %d tb %d %lldx%lldx%lld what %d threads %d differs\n", ta,
                     tb, (long long)M, (long long)N, (long long)K, what, th);
           CHECK(!memcmp(C1, C2, (size_t)(M * N) * sizeof *C1));
-          free(A), free(B), free(res), free(bias), free(C1), free(C2);
+          free(A), free(B), free(res), free(bias), free(mask), free(C1), free(C2);
           n++;
         }
   dg_set_num_threads(1);

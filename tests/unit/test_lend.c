@@ -109,7 +109,7 @@ static void same_bits(int ta, int tb, int64_t M, int64_t N, int64_t K, int add) 
   for (int lent = 0; lent < 2; lent++) {
     float *c = lent ? c2 : c1;
     if (lent) dg__lend_set_probe(always, &g_x), before = dg__lend_count();
-    if (add) dg__sgemm_add(ta, tb, M, N, K, A, lda, B, ldb, res, bias, add > 1, c, N);
+    if (add) dg__sgemm_add(ta, tb, M, N, K, A, lda, B, ldb, &(dg__gemm_epi){res, bias, NULL, add > 1}, c, N);
     else dg__sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 1.0f, c, N);
     if (lent) after = dg__lend_count(), dg__lend_clear_probe(&g_x);
   }
