@@ -283,6 +283,15 @@ DG_TARGET_AVX512 DG_INLINE void tile_body(int64_t kc, const float *restrict ap, 
         if (nv > 1) __builtin_prefetch(C + r * ldc + 16, 1);
       }
   }
+  if (e->mask) { /* and the mask's, read as C is stored */
+    if (trc)
+      for (int c = 0; c < nr; c++) __builtin_prefetch(e->mask + c * ldc);
+    else
+      for (int r = 0; r < mr; r++) {
+        __builtin_prefetch(e->mask + r * ldc);
+        if (nv > 1) __builtin_prefetch(e->mask + r * ldc + 16);
+      }
+  }
   __m512 c0[MR], c1[MR];
   _Pragma("GCC unroll 8") for (int r = 0; r < MR; r++) c0[r] = c1[r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < kc; k++) {
