@@ -173,7 +173,8 @@ dg_tensor *dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b) {
  * Backward: dx, dw by GEMM (beta 0 into fresh buffers), db by a vectorised
  * column sum; dg_linear_relu first masks dy by y > 0 into step scratch,
  * summing db in the same pass (the bits of the relu op's backward and the
- * column sum, so of dg_relu(dg_linear(...))). */
+ * column sum, so of dg_relu(dg_linear(...))), unless the linear after it
+ * masked its input gradient in the GEMM's stores already (relu_output). */
 
 /* Row stride of x seen as (R, I) rows with unit column stride, or 0 when
  * its rows are not evenly spaced (then it is packed). */
