@@ -195,10 +195,12 @@ static int64_t rows_ld(const dg_tensor *x, int64_t I) {
 static int linear_relu_backward(dg_ctx *ctx, dg_node *n);
 
 /* Whether x (rows ld apart) is a dg_linear_relu's output, whose gradient
- * that node masks by x > 0: its first writer may mask instead, in the
- * GEMM's stores (DG_TF_GRAD_RELU), and spare the node a pass. */
+ * that node masks by x > 0 when it runs: its first writer may mask instead,
+ * in the GEMM's stores (DG_TF_GRAD_RELU), and spare the node a pass. Not
+ * once an earlier backward consumed the node: it will not run again, and
+ * x's gradient stays unmasked, as dg_relu's. */
 static int relu_output(const dg_tensor *x, int64_t ld, int64_t I) {
-  return x->node && x->node->out == x && x->node->backward == linear_relu_backward && ld == I;
+  return x->node && !x->node->consumed && x->node->backward == linear_relu_backward && ld == I;
 }
 
 /* The gradients of x, w, b (unless db_done) and dg_linear_add's res from

@@ -32,11 +32,12 @@ DG_INLINE void colsum_body(float *restrict dz, const float *restrict dy, const f
       float a[COLSUM_COLS];
       const int64_t r1 = DG_MIN(R, r0 + COLSUM_ROWS);
       for (int64_t r = r0; r < r1; r++) {
-        const float *restrict v = dy + r * ld + o0;
+        const float *restrict g = dy + r * ld + o0;
+        const float *v = g; /* the row summed: dy's, or dz's */
         if (y) {
           const float *restrict s = y + r * ld + o0;
           float *restrict z = dz + r * ld + o0;
-          for (int64_t o = 0; o < n; o++) z[o] = s[o] > 0.0f ? v[o] : 0.0f;
+          for (int64_t o = 0; o < n; o++) z[o] = s[o] > 0.0f ? g[o] : 0.0f;
           v = z;
         }
         if (!db) continue;

@@ -210,8 +210,19 @@ typedef struct {
   int relu;
 } own_epi;
 
-/* 0 where x < 0, else x (MAXPS returns its second operand for a NaN). */
-#define RELU(x) _mm512_max_ps(_mm512_setzero_ps(), (x))
+
+/* The last pass's selects on 16 lanes of C: the ReLU, 0 where x < 0 (MAXPS
+ * returns its second operand for a NaN), then the mask's, 0 where the mask
+ * (its 16 floats at p, loaded under m unless full) is not > 0 (NaN is
+ * not). */
+DG_TARGET_AVX512 DG_INLINE __m512 select16(const own_epi *e, __m512 x, const float *p,
+                                           __mmask16 m, int full) {
+  if (e->relu) x = _mm512_max_ps(_mm512_setzero_ps(), x);
+  if (e->mask)
+    x = _mm512_maskz_mov_ps(
+        _mm512_cmp_ps_mask(LOAD16(full, m, p), _mm512_setzero_ps(), _CMP_GT_OQ), x);
+  return x;
+}
 
 /* The epilogue of a tile kept as C's transpose: C'(r, c) = C[c * ldc + r],
  * C' = alpha * acc + (first ? res' + bias or beta C' : C'), the bias along
@@ -241,11 +252,8 @@ DG_TARGET_AVX512 DG_INLINE void store_t(const float *t, float *C, int64_t ldc, i
       } else if (e->beta != 0.0f) {
         x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, cp), x);
       }
-      if (e->relu) x = RELU(x);
-      if (e->mask) { /* mask > 0 ? x : 0 (a NaN mask is not > 0) */
-        __m512 g = _mm512_maskz_loadu_ps(m, e->mask + (h * 16 + c) * ldc);
-        x = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GT_OQ), x);
-      }
+      if (e->relu || e->mask)
+        x = select16(e, x, e->mask ? e->mask + (h * 16 + c) * ldc : NULL, m, 0);
       _mm512_mask_storeu_ps(cp, m, x);
     }
   }
@@ -339,13 +347,10 @@ DG_TARGET_AVX512 DG_INLINE void tile_body(int64_t kc, const float *restrict ap, 
       x0 = first ? _mm512_fmadd_ps(vb, y0, x0) : _mm512_add_ps(x0, y0);
       if (nv > 1) x1 = first ? _mm512_fmadd_ps(vb, y1, x1) : _mm512_add_ps(x1, y1);
     }
-    if (e->relu) x0 = RELU(x0), x1 = RELU(x1);
-    if (e->mask) { /* mask > 0 ? x : 0 (a NaN mask is not > 0) */
-      const float *mr = e->mask + r * ldc;
-      __m512 z = _mm512_setzero_ps();
-      x0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(LOAD16(full, m0, mr), z, _CMP_GT_OQ), x0);
-      if (nv > 1)
-        x1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(LOAD16(full, m1, mr + 16), z, _CMP_GT_OQ), x1);
+    if (e->relu || e->mask) {
+      const float *mk = e->mask ? e->mask + r * ldc : NULL;
+      x0 = select16(e, x0, mk, m0, full);
+      if (nv > 1) x1 = select16(e, x1, mk ? mk + 16 : NULL, m1, full);
     }
     store_row(c, x0, x1, m0, m1, nv, full);
   }

@@ -86,10 +86,17 @@ DG_SIMD_FN(ln_fwd_rows, (const ln_job *j, int64_t r0, int64_t r1), (j, r0, r1))
  * g = dy * w that the mean summed. Contracted into fma(dy, w, -mean(g)), it
  * kept the product's rounding error, which rstd (316 at zero variance)
  * magnified: a width-1 row, whose dx is exactly 0, got 4e-5 (differential
- * test, seed 501018139). */
+ * test, seed 501018139). GCC takes the option per function (its
+ * __builtin_assoc_barrier does not stop its vectorised loops contracting);
+ * clang takes a pragma in the body. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
+#endif
 DG_INLINE void ln_bwd_rows_body(const ln_job *j, int64_t r0, int64_t r1) {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
   const int64_t C = j->C;
   const float *restrict w = j->w;
   for (int64_t r = r0; r < r1; r++) {
@@ -133,7 +140,9 @@ DG_INLINE void ln_bwd_rows_body(const ln_job *j, int64_t r0, int64_t r1) {
   }
 }
 DG_SIMD_FN(ln_bwd_rows, (const ln_job *j, int64_t r0, int64_t r1), (j, r0, r1))
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
+#endif
 
 /* Backward, columns [c0, c1) of dw += sum_rows dy * xhat and db += sum_rows
  * dy, rows in order whatever the split (same bits for any thread count). */

@@ -36,8 +36,10 @@ DG_API dg_tensor *dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *
 DG_API dg_tensor *dg_linear_add(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b,
                                 dg_tensor *res);
 /* relu(x @ w^T + b): a linear layer and the ReLU after it as one op, the
- * bits of dg_relu(dg_linear(x, w, b)) (the ReLU goes in with the GEMM's
- * last stores, not a pass of its own; one output, saved for backward). */
+ * bits of dg_relu(dg_linear(x, w, b)). On the AVX-512 GEMM the ReLU goes in
+ * with the product's last stores, and a dg_linear after it masks its input
+ * gradient in its own stores, so neither direction runs a ReLU pass; one
+ * output, saved for backward. */
 DG_API dg_tensor *dg_linear_relu(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *b);
 
 /* ---- element-wise binary, broadcasting (numpy rules, up to 4 dims) ---- */

@@ -1153,7 +1153,10 @@ class Gen:
                           lambda: self.leaf((O, I)), 0.7)
         b = None if self.r.random() < 0.3 else self.pick(
             lambda t: t.nd == 1 and t.allfixed() and t.dim(0) == O, lambda: self.leaf((O,)), 0.7)
-        if not add:  # the fused ReLU drawn apart: the main stream, and so every older seed's program, unchanged
+        if not add:
+            # the fused ReLU is drawn from a stream of its own, so the main
+            # stream's draws stay as they were; a linear that becomes
+            # linear_relu still changes values, and what later draws accept
             return self.emit("linear_relu" if self.r_fused.random() < 0.3 else "linear", [x, w, b])
         oshapes = [sh[:-1] + (O,) for sh in tx.shapes]
         res = self.residual(x, oshapes)

@@ -100,6 +100,17 @@ static dg_tensor *chain2(dg_ctx *ctx, dg_tensor **in, mlp_case *c, int fused) {
   return dg_add(ctx, dg_linear(ctx, h, in[2], b2), y2);
 }
 static dg_tensor *f_chain2(dg_ctx *ctx, dg_tensor **in, void *u) { return chain2(ctx, in, u, 1); }
+/* Two in a row: the second's input gradient masked in its GEMM, its own
+ * gradient masked by its node with the bias sum (y = relu(h w2^T + b2)). */
+static dg_tensor *chain3(dg_ctx *ctx, dg_tensor **in, mlp_case *c, int fused) {
+  dg_tensor *b1 = c->bias ? in[3] : NULL, *b2 = c->bias ? in[4] : NULL;
+  if (fused) return dg_linear_relu(ctx, dg_linear_relu(ctx, in[0], in[1], b1), in[2], b2);
+  return dg_relu(ctx, dg_linear(ctx, dg_relu(ctx, dg_linear(ctx, in[0], in[1], b1)), in[2], b2));
+}
+static dg_tensor *f_chain3(dg_ctx *ctx, dg_tensor **in, void *u) { return chain3(ctx, in, u, 1); }
+static dg_tensor *f_chain3_ref(dg_ctx *ctx, dg_tensor **in, void *u) {
+  return chain3(ctx, in, u, 0);
+}
 static dg_tensor *f_chain2_ref(dg_ctx *ctx, dg_tensor **in, void *u) {
   return chain2(ctx, in, u, 0);
 }
@@ -293,7 +304,8 @@ static void linear_relu_bits(int threads) {
     dg_tensor *in[7];
     make_inputs(&c, in, 400 + 10 * i);
     use_only(in, c.bias ? 0x0b : 0x03);
-    ((float *)dg_tensor_data(in[0]))[c.C + 1] = NAN; /* row 1: NaN in every output */
+    float *x1 = (float *)dg_tensor_data(in[0]) + c.C + 1, keep = *x1;
+    *x1 = NAN; /* row 1: NaN in every output */
     int64_t ny = c.R * c.F, na, nb;
     float *w = malloc((size_t)ny * sizeof *w);
     REQUIRE(w);
@@ -308,11 +320,13 @@ static void linear_relu_bits(int threads) {
     same = same && !memcmp(a2, b2, (size_t)na * sizeof *a2);
     free(a2), free(b2);
     /* followed by a linear: masked in its GEMM (own kernel for the first
-     * two, OpenBLAS's pass for the rest), and with a second consumer */
+     * two, OpenBLAS's pass for the rest), and with a second consumer; no
+     * NaN (it would make every weight gradient NaN on both sides) */
+    *x1 = keep;
     int64_t nc = c.R * c.O;
     use_only(in, c.bias ? 0x1f : 0x07);
-    gc_fn f[2][2] = {{f_chain, f_chain_ref}, {f_chain2, f_chain2_ref}};
-    for (int v = 0; v < 2; v++) {
+    gc_fn f[3][2] = {{f_chain, f_chain_ref}, {f_chain2, f_chain2_ref}, {f_chain3, f_chain3_ref}};
+    for (int v = 0; v < 3; v++) {
       a2 = run(ctx, f[v][0], &c, in, 5, w, nc, &na);
       b2 = run(ctx, f[v][1], &c, in, 5, w, nc, &nb);
       same = same && na == nb && !memcmp(a2, b2, (size_t)na * sizeof *a2);
@@ -329,6 +343,39 @@ static void linear_relu_bits(int threads) {
   }
   dg_ctx_free(ctx);
   dg_set_num_threads(1);
+}
+
+/* A second backward in the same step through a linear fed by a
+ * dg_linear_relu output whose node the first backward consumed: that node
+ * will not run again, so the linear must not mask y's gradient for it; y's
+ * gradient is the unfused pair's, unmasked (a reviewer's case: it read 0
+ * where y was 0). */
+static void linear_relu_consumed(void) {
+  mlp_case c = {6, 5, 8, 3, 1};
+  dg_tensor *in[7];
+  make_inputs(&c, in, 500);
+  use_only(in, 0x1f);
+  float *g[2];
+  int64_t n = c.R * c.F;
+  for (int fused = 0; fused < 2; fused++) {
+    dg_ctx *ctx = NULL;
+    REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+    dg_tensor *y = fused ? dg_linear_relu(ctx, in[0], in[1], in[3])
+                         : dg_relu(ctx, dg_linear(ctx, in[0], in[1], in[3]));
+    REQUIRE(y && dg_backward(ctx, dg_sum(ctx, y)) == DG_OK);
+    dg_tensor *z = dg_linear(ctx, y, in[2], in[4]);
+    REQUIRE(z && dg_backward(ctx, dg_sum(ctx, z)) == DG_OK);
+    dg_tensor *gy = dg_tensor_grad(y);
+    REQUIRE(gy && (g[fused] = malloc((size_t)n * sizeof(float))));
+    memcpy(g[fused], dg_tensor_data(gy), (size_t)n * sizeof(float));
+    dg_ctx_free(ctx);
+  }
+  int zeros = 0;
+  for (int64_t i = 0; i < n; i++) zeros += g[0][i] == 0.0f;
+  CHECK_EQ_INT(zeros, 0); /* sum(z)'s gradient reaches every y unmasked */
+  CHECK(!memcmp(g[0], g[1], (size_t)n * sizeof(float)));
+  free(g[0]), free(g[1]);
+  free_inputs(in);
 }
 
 static void errors(dg_ctx *ctx) {
@@ -406,6 +453,7 @@ int main(void) {
   vs_unfused(2);
   linear_relu_bits(1);
   linear_relu_bits(2);
+  linear_relu_consumed();
   dg_ctx *ctx = NULL;
   REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
   errors(ctx);

@@ -92,7 +92,9 @@ static float *rnd_buf(size_t n) {
 }
 
 /* One product, lent and not: the same bits, and it was lent. add: 0 a
- * plain product, 1 with res and bias, 2 with ReLU too. */
+ * plain product, 1 with res and bias, 2 with ReLU too, 3 masked (a linear's
+ * input gradient after dg_linear_relu; the lent blocks are columns, so the
+ * mask moves with each block's first column). */
 static void same_bits(int ta, int tb, int64_t M, int64_t N, int64_t K, int add) {
   if (!dg__sgemm_own_fits(M, N, K)) { /* not the own kernel's: never lent */
     printf("%lldx%lldx%lld: not the own kernel's, not checked\n", (long long)M, (long long)N,
@@ -102,14 +104,17 @@ static void same_bits(int ta, int tb, int64_t M, int64_t N, int64_t K, int add) 
   float *A = rnd_buf((size_t)(M * K)), *B = rnd_buf((size_t)(K * N));
   float *res = rnd_buf((size_t)(M * N)), *bias = rnd_buf((size_t)N);
   float *c1 = rnd_buf((size_t)(M * N)), *c2 = malloc((size_t)(M * N) * sizeof(float));
-  REQUIRE(A && B && res && bias && c1 && c2);
+  float *mask = rnd_buf((size_t)(M * N));
+  REQUIRE(A && B && res && bias && c1 && c2 && mask);
+  dg__gemm_epi e = {res, bias, NULL, add == 2};
+  if (add == 3) e = (dg__gemm_epi){.mask = mask};
   memcpy(c2, c1, (size_t)(M * N) * sizeof(float));
   int64_t lda = ta ? M : K, ldb = tb ? K : N;
   long before, after;
   for (int lent = 0; lent < 2; lent++) {
     float *c = lent ? c2 : c1;
     if (lent) dg__lend_set_probe(always, &g_x), before = dg__lend_count();
-    if (add) dg__sgemm_add(ta, tb, M, N, K, A, lda, B, ldb, &(dg__gemm_epi){res, bias, NULL, add > 1}, c, N);
+    if (add) dg__sgemm_add(ta, tb, M, N, K, A, lda, B, ldb, &e, c, N);
     else dg__sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 1.0f, c, N);
     if (lent) after = dg__lend_count(), dg__lend_clear_probe(&g_x);
   }
@@ -118,7 +123,7 @@ static void same_bits(int ta, int tb, int64_t M, int64_t N, int64_t K, int add) 
             (long long)N, (long long)K, add, after != before + 1 ? "not lent" : "bits differ");
   CHECK(!memcmp(c1, c2, (size_t)(M * N) * sizeof(float)));
   CHECK_EQ_INT(after, before + 1);
-  free(A), free(B), free(res), free(bias), free(c1), free(c2);
+  free(A), free(B), free(res), free(bias), free(c1), free(c2), free(mask);
 }
 
 int main(void) {
@@ -142,7 +147,7 @@ int main(void) {
       {0, 1, 64, 512, 784},  {0, 0, 64, 784, 512},  {1, 0, 512, 784, 64}, {0, 1, 256, 512, 784},
       {1, 0, 256, 512, 256}, {0, 1, 128, 384, 128}, {0, 0, 100, 200, 300}, {1, 1, 96, 130, 500}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-    for (int add = 0; add < 3; add++) {
+    for (int add = 0; add < 4; add++) {
       const int64_t *s = shapes[i];
       same_bits((int)s[0], (int)s[1], s[2], s[3], s[4], add);
     }
