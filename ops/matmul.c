@@ -251,7 +251,7 @@ static int linear_backward(dg_ctx *ctx, dg_node *n) {
 static int linear_relu_backward(dg_ctx *ctx, dg_node *n) {
   if (n->out->flags & DG_TF_GRAD_RELU) {
     n->out->flags &= ~(uint32_t)DG_TF_GRAD_RELU;
-    return linear_grads(ctx, n, n->out->grad->data, 0);
+    return linear_backward(ctx, n);
   }
   dg_tensor *sy = dg__saved(ctx, n, 2);
   const float *y = sy ? dg__contig_data(ctx, "linear_relu backward", sy) : NULL;

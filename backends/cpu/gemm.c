@@ -136,16 +136,16 @@ static void gemm_task(void *arg, int t) {
   const gemm_job *j = arg;
   int64_t lo = t * j->step, hi = DG_MIN(lo + j->step, j->by_cols ? j->N : j->M);
   if (lo >= hi) return;
-  dg__gemm_epi e = {0};
-  if (j->e) e = epi_at(j->e, j->by_cols ? 0 : lo, j->by_cols ? lo : 0, j->ldc);
+  dg__gemm_epi e, *pe = NULL; /* j->e at this block */
+  if (j->e) e = epi_at(j->e, j->by_cols ? 0 : lo, j->by_cols ? lo : 0, j->ldc), pe = &e;
   if (j->by_cols) { /* columns [lo, hi) of op(B) and C */
     const float *b = j->tb ? j->B + lo * j->ldb : j->B + lo;
     sgemm1(j->own, j->ta, j->tb, j->M, hi - lo, j->K, j->alpha, j->A, j->lda, b, j->ldb, j->beta,
-           j->e ? &e : NULL, j->C + lo, j->ldc);
+           pe, j->C + lo, j->ldc);
   } else { /* rows [lo, hi) of op(A) and C */
     const float *a = j->ta ? j->A + lo : j->A + lo * j->lda;
     sgemm1(j->own, j->ta, j->tb, hi - lo, j->N, j->K, j->alpha, a, j->lda, j->B, j->ldb, j->beta,
-           j->e ? &e : NULL, j->C + lo * j->ldc, j->ldc);
+           pe, j->C + lo * j->ldc, j->ldc);
   }
 }
 

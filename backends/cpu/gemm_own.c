@@ -210,7 +210,6 @@ typedef struct {
   int relu;
 } own_epi;
 
-
 /* The last pass's selects on 16 lanes of C: the ReLU, 0 where x < 0 (MAXPS
  * returns its second operand for a NaN), then the mask's, 0 where the mask
  * (its 16 floats at p, loaded under m unless full) is not > 0 (NaN is
@@ -274,9 +273,8 @@ DG_TARGET_AVX512 DG_INLINE void store_row(float *c, __m512 x0, __m512 x1, __mmas
 /* One micro-tile: acc (MR, nv * 16) = sum over k of a(r, k) bp(k, c), with
  * a(r, k) = ap[k * MR + r] (packed) or ap[r * lda + k] (in place: rows of
  * A read where they are); then C (mr, nr) = alpha * acc + (first ? res +
- * bias or beta C : C) (own_epi), through ReLU on the last pass where asked,
- * or into C's transpose (trc). nv 16-lane
- * vectors (1 when nr <= 16). res + bias is rounded before acc is added, as
+ * bias or beta C : C) (own_epi), then the last pass's selects (select16),
+ * or into C's transpose (trc). nv 16-lane vectors (1 when nr <= 16). res + bias is rounded before acc is added, as
  * a fill of C with them and beta 1 would. */
 DG_TARGET_AVX512 DG_INLINE void tile_body(int64_t kc, const float *restrict ap, int64_t lda,
                                           const float *restrict bp, float *C, int64_t ldc, int mr,

@@ -200,6 +200,15 @@ static double max_diff(const float *a, const float *b, int64_t n, double *scale)
   return d;
 }
 
+/* n weights uniform in [-1, 1) for sum(f(in) * w), from seed. */
+static float *weights(int64_t n, uint64_t seed) {
+  float *w = malloc((size_t)(n ? n : 1) * sizeof *w);
+  REQUIRE(w);
+  dg_rng_uniform(seed, 0, w, (size_t)n);
+  for (int64_t e = 0; e < n; e++) w[e] = 2 * w[e] - 1;
+  return w;
+}
+
 /* y and every input gradient of sum(f(in) * w), copied out. */
 static float *run(dg_ctx *ctx, gc_fn f, mlp_case *c, dg_tensor **in, int nin, const float *w,
                   int64_t ny, int64_t *ntot) {
@@ -240,9 +249,7 @@ static void vs_unfused(int threads) {
     dg_tensor *in[7];
     int nin = make_inputs(&c, in, 300 + 10 * i);
     int64_t ny = c.R * c.O, nf, nu;
-    float *w = malloc((size_t)ny * sizeof *w);
-    dg_rng_uniform(50 + i, 0, w, (size_t)ny);
-    for (int64_t e = 0; e < ny; e++) w[e] = 2 * w[e] - 1;
+    float *w = weights(ny, 50 + i);
     float *a = run(ctx, f_fused, &c, in, nin, w, ny, &nf);
     float *b = run(ctx, f_unfused, &c, in, nin, w, ny, &nu);
     REQUIRE(nf == nu);
@@ -257,8 +264,7 @@ static void vs_unfused(int threads) {
     /* dg_linear_add vs res + dg_linear: bit-identical sums are not
      * promised (the bias is added before the GEMM), close ones are */
     int64_t nl = c.R * c.F, la, lb;
-    float *wl = malloc((size_t)nl * sizeof *wl);
-    dg_rng_uniform(70 + i, 0, wl, (size_t)nl);
+    float *wl = weights(nl, 70 + i);
     float *ga = run(ctx, f_linear_add, &c, in, 7, wl, nl, &la);
     float *gb = run(ctx, f_linear_add_ref, &c, in, 7, wl, nl, &lb);
     double sl = 0, dl = max_diff(ga, gb, la, &sl);
@@ -307,10 +313,7 @@ static void linear_relu_bits(int threads) {
     float *x1 = (float *)dg_tensor_data(in[0]) + c.C + 1, keep = *x1;
     *x1 = NAN; /* row 1: NaN in every output */
     int64_t ny = c.R * c.F, na, nb;
-    float *w = malloc((size_t)ny * sizeof *w);
-    REQUIRE(w);
-    dg_rng_uniform(90 + i, 0, w, (size_t)ny);
-    for (int64_t e = 0; e < ny; e++) w[e] = 2 * w[e] - 1;
+    float *w = weights(ny, 90 + i);
     float *a = run(ctx, f_linear_relu, &c, in, 4, w, ny, &na);
     float *b = run(ctx, f_linear_relu_ref, &c, in, 4, w, ny, &nb);
     REQUIRE(na == nb);
