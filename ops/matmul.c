@@ -194,12 +194,17 @@ static int64_t rows_ld(const dg_tensor *x, int64_t I) {
 
 static int linear_relu_backward(dg_ctx *ctx, dg_node *n);
 
-/* Whether x (rows ld apart) is a dg_linear_relu's output, whose gradient
- * that node masks by x > 0 when it runs: its first writer may mask instead,
- * in the GEMM's stores (DG_TF_GRAD_RELU), and spare the node a pass. Not
- * once an earlier backward consumed the node: it will not run again, and
- * x's gradient stays unmasked, as dg_relu's. */
-static int relu_output(const dg_tensor *x, int64_t ld, int64_t I) {
+/* Whether n's x (rows ld apart) is a dg_linear_relu's output, whose
+ * gradient that node masks by x > 0 when it runs: its first writer may mask
+ * instead, in the GEMM's stores (DG_TF_GRAD_RELU), and spare the node a
+ * pass. Not once an earlier backward consumed the node: it will not run
+ * again, and x's gradient stays unmasked, as dg_relu's. Not where n also
+ * reads x as w, b or the residual: those add unmasked terms to the same
+ * gradient. */
+static int relu_output(const dg_node *n, int64_t ld, int64_t I) {
+  const dg_tensor *x = n->in[0];
+  for (int k = 1; k < n->nin; k++)
+    if (n->in[k] == x) return 0;
   return x->node && !x->node->consumed && x->node->backward == linear_relu_backward && ld == I;
 }
 
@@ -222,7 +227,7 @@ static int linear_grads(dg_ctx *ctx, dg_node *n, const float *dy, int db_done) {
   float *dx = dg__grad_buf_w(ctx, x, &ox), *dw = dg__grad_buf_w(ctx, w, &ow);
   float *db = db_done ? NULL : dg__grad_buf_w(ctx, b, &ob);
   if (ctx->err) return ctx->err;
-  if (dx && ox && relu_output(x, ldx, I)) { /* dy(R,O) w(O,I), masked by x > 0 */
+  if (dx && ox && relu_output(n, ldx, I)) { /* dy(R,O) w(O,I), masked by x > 0 */
     dg__gemm_epi e = {.mask = xp};
     k->sgemm_add(0, W.colmajor, R, I, O, dy, O, W.p, W.ld, &e, dx, I);
     x->flags |= DG_TF_GRAD_RELU;

@@ -273,9 +273,10 @@ DG_TARGET_AVX512 DG_INLINE void store_row(float *c, __m512 x0, __m512 x1, __mmas
 /* One micro-tile: acc (MR, nv * 16) = sum over k of a(r, k) bp(k, c), with
  * a(r, k) = ap[k * MR + r] (packed) or ap[r * lda + k] (in place: rows of
  * A read where they are); then C (mr, nr) = alpha * acc + (first ? res +
- * bias or beta C : C) (own_epi), then the last pass's selects (select16),
- * or into C's transpose (trc). nv 16-lane vectors (1 when nr <= 16). res + bias is rounded before acc is added, as
- * a fill of C with them and beta 1 would. */
+ * bias or beta C : C) (own_epi), through the last pass's selects
+ * (select16), stored into C or into C's transpose (trc). nv 16-lane vectors
+ * (1 when nr <= 16). res + bias is rounded before acc is added, as a fill
+ * of C with them and beta 1 would. */
 DG_TARGET_AVX512 DG_INLINE void tile_body(int64_t kc, const float *restrict ap, int64_t lda,
                                           const float *restrict bp, float *C, int64_t ldc, int mr,
                                           int nr, const own_epi *e, int first, const int nv,

@@ -381,39 +381,45 @@ static void linear_relu_consumed(void) {
   free_inputs(in);
 }
 
-/* A linear whose x and w are both a dg_linear_relu output h: x's gradient
- * is written first (masked), then w's, unmasked, into the same buffer, so
- * h's node must mask after all: z = h h^T, against the unfused pair's bits
- * (the node skipped its mask before: a review's case). */
-static dg_tensor *self_weight(dg_ctx *ctx, dg_tensor **in, int fused) {
+/* A linear that also reads its x, a dg_linear_relu output h, as w or as
+ * the residual: x's gradient would be masked in the GEMM's stores, then
+ * the other use adds unmasked terms into the same buffer, so h's node must
+ * still mask. linear_grads takes the masked path only for an x used once
+ * by the node. Against the unfused pair's bits: z = h h^T, and z = h + h w2^T
+ * (F == O). */
+static int g_alias_res; /* 1: x read again as the residual, 0: as w */
+static dg_tensor *aliased(dg_ctx *ctx, dg_tensor **in, int fused) {
   dg_tensor *h = fused ? dg_linear_relu(ctx, in[0], in[1], in[3])
                        : dg_relu(ctx, dg_linear(ctx, in[0], in[1], in[3]));
-  return dg_linear(ctx, h, h, NULL);
+  return g_alias_res ? dg_linear_add(ctx, h, in[2], NULL, h) : dg_linear(ctx, h, h, NULL);
 }
-static dg_tensor *f_self(dg_ctx *ctx, dg_tensor **in, void *u) {
+static dg_tensor *f_alias(dg_ctx *ctx, dg_tensor **in, void *u) {
   (void)u;
-  return self_weight(ctx, in, 1);
+  return aliased(ctx, in, 1);
 }
-static dg_tensor *f_self_ref(dg_ctx *ctx, dg_tensor **in, void *u) {
+static dg_tensor *f_alias_ref(dg_ctx *ctx, dg_tensor **in, void *u) {
   (void)u;
-  return self_weight(ctx, in, 0);
+  return aliased(ctx, in, 0);
 }
 
-static void linear_relu_self_weight(void) {
-  mlp_case c = {6, 5, 8, 3, 1};
-  dg_tensor *in[7];
-  make_inputs(&c, in, 600);
-  use_only(in, 0x0b);
-  dg_ctx *ctx = NULL;
-  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
-  int64_t ny = c.R * c.R, na, nb;
-  float *w = weights(ny, 61);
-  float *a = run(ctx, f_self, &c, in, 4, w, ny, &na);
-  float *b = run(ctx, f_self_ref, &c, in, 4, w, ny, &nb);
-  CHECK(na == nb && !memcmp(a, b, (size_t)na * sizeof *a));
-  free(w), free(a), free(b);
-  dg_ctx_free(ctx);
-  free_inputs(in);
+static void linear_relu_aliased(void) {
+  for (int which = 0; which < 2; which++) {
+    mlp_case c = {6, 5, 8, 8, 1};
+    dg_tensor *in[7];
+    make_inputs(&c, in, 600 + 10 * which);
+    use_only(in, which ? 0x0f : 0x0b);
+    dg_ctx *ctx = NULL;
+    REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+    int64_t ny = c.R * (which ? c.O : c.R), na, nb;
+    float *w = weights(ny, 61 + which);
+    g_alias_res = which;
+    float *a = run(ctx, f_alias, &c, in, 4, w, ny, &na);
+    float *b = run(ctx, f_alias_ref, &c, in, 4, w, ny, &nb);
+    CHECK(na == nb && !memcmp(a, b, (size_t)na * sizeof *a));
+    free(w), free(a), free(b);
+    dg_ctx_free(ctx);
+    free_inputs(in);
+  }
 }
 
 static void errors(dg_ctx *ctx) {
@@ -492,7 +498,7 @@ int main(void) {
   linear_relu_bits(1);
   linear_relu_bits(2);
   linear_relu_consumed();
-  linear_relu_self_weight();
+  linear_relu_aliased();
   dg_ctx *ctx = NULL;
   REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
   errors(ctx);
