@@ -40,6 +40,11 @@ extern const struct dg__kern_blas dg__cpu_kern_blas;
  * the stored row lengths. */
 void dg__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* How dg__sgemm splits a product of this shape (alpha 1, beta 0) on
+ * `threads` threads: 0 by rows, 1 by columns, 2 either (the timing has not
+ * picked yet), -1 not at all (no cut gives the whole's bits: one thread),
+ * -2 not seen yet. */
+int dg__sgemm_split_of(int ta, int tb, int64_t M, int64_t N, int64_t K, int threads);
 /* C = op(A) op(B) through the epilogue e (kern_blas.h's sgemm_add). */
 void dg__sgemm_add(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                    const float *B, int64_t ldb, const dg__gemm_epi *e, float *C, int64_t ldc);

@@ -113,28 +113,41 @@ static void sgemm1(int own, int ta, int tb, int64_t M, int64_t N, int64_t K, flo
  * (a training step repeats its shapes) and keeps the faster.
  *
  * A split must not change a bit (the choice is a matter of timing, and a
- * run must give the bits of the same run on one thread). Within one code
- * path OpenBLAS computes every element with the same kernel over the same K
- * order, but it takes other paths for small products (its small-matrix and
- * direct kernels, which round differently): a 32x96x512 product's column
- * halves differ from the whole. So before a shape is split, a probe runs the
- * whole and each split on data of its own (zeros would agree on any path)
- * and keeps only the splits that give the whole's bits; with none, the shape
- * runs on one thread. Blocks of PROBE_MAX multiply-adds or more are past any
- * such path and are not probed. */
+ * run must give the bits of the same run on one thread). The own kernel's
+ * sums depend on K only, so any cut keeps them. OpenBLAS computes a block's
+ * edge tiles with other kernels that round differently, so a block gives
+ * the whole's bits only where its tiles line up with the whole's: on a Zen
+ * 3 EPYC (Debian's OpenBLAS, Zen kernels) row cuts kept the bits only at
+ * multiples of 24 rows for M = 256, of 48 for 512 and of 192 for 1024, and
+ * no column cut did for a 256x256x512 product, at any size of block (and
+ * on a Xeon its small-matrix paths took a 32x96x512 product's column halves,
+ * rounding them differently from the whole). So
+ * before a shape is split, a probe runs the whole and then the split with
+ * its cuts at multiples of each alignment in turn (nearest to even shares),
+ * on data of its own (zeros would agree on any path), and keeps the first
+ * alignment that gives the whole's bits; with none in either direction,
+ * the shape runs on one thread. */
 
 typedef struct {
   int own, ta, tb, by_cols, ntasks;
-  int64_t M, N, K, lda, ldb, ldc, step;
+  int64_t M, N, K, lda, ldb, ldc, align; /* cuts at multiples of align */
   float alpha, beta;
   const float *A, *B;
   float *C;
   const dg__gemm_epi *e; /* dg__sgemm_add's, or NULL */
 } gemm_job;
 
+/* Where block t of len cut into n blocks starts: the multiple of align
+ * nearest to t/n of len (len for t = n). */
+static int64_t cut_at(int64_t len, int n, int64_t align, int t) {
+  if (t >= n) return len;
+  return DG_MIN((len * t / n + align / 2) / align * align, len);
+}
+
 static void gemm_task(void *arg, int t) {
   const gemm_job *j = arg;
-  int64_t lo = t * j->step, hi = DG_MIN(lo + j->step, j->by_cols ? j->N : j->M);
+  int64_t len = j->by_cols ? j->N : j->M;
+  int64_t lo = cut_at(len, j->ntasks, j->align, t), hi = cut_at(len, j->ntasks, j->align, t + 1);
   if (lo >= hi) return;
   dg__gemm_epi e, *pe = NULL; /* j->e at this block */
   if (j->e) e = epi_at(j->e, j->by_cols ? 0 : lo, j->by_cols ? lo : 0, j->ldc), pe = &e;
@@ -154,14 +167,18 @@ static void gemm_task(void *arg, int t) {
 #define COL_ALIGN 32    /* floats: 128 B, an adjacent-line prefetch pair */
 #define ROW_MIN 16      /* rows per task below which rows are not tried */
 
-#define PROBE_MAX 64e6          /* multiply-adds of a block: past OpenBLAS's small paths */
 #define PROBE_BYTES (64 << 20)  /* a probe's scratch at most; beyond, no split */
+
+/* The alignments a probe tries, in order: the first (rows 4, columns
+ * COL_ALIGN) is the own kernel's; the others are OpenBLAS's tile multiples. */
+static const int64_t row_aligns[] = {4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384};
+static const int64_t col_aligns[] = {COL_ALIGN, 64, 96, 128, 192, 256, 320, 384, 512, 640};
 
 typedef struct {
   int64_t M, N, K;
   int ta, tb, threads; /* threads 0: a free slot */
   int ab;        /* alpha == 1 | (beta == 0) << 1: OpenBLAS's paths depend on them */
-  int ok[2];     /* rows, columns: the split gives the whole's bits (probed) */
+  int64_t align[2]; /* rows, columns: cuts that give the whole's bits (probed); 0: none */
   int tries[2];
   int pick;      /* -1 while trying, else 0 rows / 1 columns */
   int64_t ns[2]; /* fastest call seen: rows, columns */
@@ -170,72 +187,115 @@ typedef struct {
 static split_slot g_split[SPLIT_SLOTS];
 static pthread_mutex_t g_split_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static int64_t split_step(int64_t len, int threads, int cols) {
-  int64_t align = cols ? COL_ALIGN : 4;
-  return ((len + threads - 1) / threads + align - 1) / align * align;
+/* j cut into `parts` blocks of its rows or columns (by_cols) at multiples
+ * of align. */
+static void job_cut(gemm_job *j, int parts, int64_t align) {
+  j->ntasks = parts;
+  j->align = align;
 }
 
-/* Cuts j into at most `parts` blocks of its rows or columns (by_cols). */
-static void job_cut(gemm_job *j, int parts) {
-  int64_t len = j->by_cols ? j->N : j->M;
-  j->step = split_step(len, parts, j->by_cols);
-  j->ntasks = (int)((len + j->step - 1) / j->step);
+/* Whether cutting len into n blocks at multiples of aligns[i] gives empty
+ * blocks (the alignment is too coarse for the shape) or the cuts of an
+ * alignment tried before it (nothing new to probe). */
+static int cuts_skip(const int64_t *aligns, int i, int64_t len, int n) {
+  for (int t = 0; t < n; t++)
+    if (cut_at(len, n, aligns[i], t) >= cut_at(len, n, aligns[i], t + 1)) return 1;
+  for (int p = 0; p < i; p++) {
+    int t = 1;
+    while (t < n && cut_at(len, n, aligns[p], t) == cut_at(len, n, aligns[i], t)) t++;
+    if (t == n) return 1;
+  }
+  return 0;
 }
 
-/* Whether rows (cols 0) or columns split as split_step says give the bits of
- * the whole, on a pattern of the probe's own; 0 without the memory. */
-static int split_probe(const split_slot *e, int cols, float alpha, float beta) {
+/* The first alignment at which rows (cols 0) or columns cut for e->threads
+ * blocks give the bits of the whole, on a pattern of the probe's own; 0:
+ * none, or not the memory to probe. A product too large for PROBE_BYTES is
+ * probed with fewer columns (cutting rows) or rows (cutting columns), in
+ * multiples of 64: the cut dimension and K, which set the tiles along the
+ * cut, stay whole. */
+static int64_t split_probe(const split_slot *e, int cols, float alpha, float beta) {
   int64_t M = e->M, N = e->N, K = e->K, len = cols ? N : M;
-  int64_t step = split_step(len, e->threads, cols);
+  const int64_t *aligns = cols ? col_aligns : row_aligns;
+  int na_ = cols ? (int)(sizeof col_aligns / sizeof *col_aligns)
+                 : (int)(sizeof row_aligns / sizeof *row_aligns);
   /* the own kernel's bits depend on K only (gemm_own.c): nothing to probe */
-  if (dg__sgemm_own_fits(M, N, K) || (double)(cols ? M * step : step * N) * K >= PROBE_MAX)
-    return 1;
+  if (dg__sgemm_own_fits(M, N, K)) return aligns[0];
+  double cap = (double)PROBE_BYTES / sizeof(float);
+  if ((double)M * K + (double)K * N + 3.0 * M * N > cap) {
+    double fit = (cap - (double)len * K) / (double)(K + 3 * len); /* the other side */
+    if (fit < 64) return 0;
+    *(cols ? &M : &N) = DG_MIN(cols ? M : N, (int64_t)fit / 64 * 64);
+  }
   size_t na = (size_t)(M * K), nb = (size_t)(K * N), nc = (size_t)(M * N);
-  if ((na + nb + 2 * nc) * sizeof(float) > PROBE_BYTES) return 0;
-  float *a = dg__malloc((na + nb + 2 * nc) * sizeof(float));
+  float *a = dg__malloc((na + nb + 3 * nc) * sizeof(float));
   if (!a) return 0;
-  float *b = a + na, *c1 = b + nb, *c2 = c1 + nc;
+  float *b = a + na, *c0 = b + nb, *c1 = c0 + nc, *c2 = c1 + nc;
   uint32_t x = 2463534242u;
   for (size_t i = 0; i < na + nb + nc; i++) { /* xorshift32 in [-1, 1) */
     x ^= x << 13, x ^= x >> 17, x ^= x << 5;
     a[i] = (float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f;
   }
-  memcpy(c2, c1, nc * sizeof(float));
-  int64_t lda = e->ta ? M : K, ldb = e->tb ? K : N;
+  memcpy(c1, c0, nc * sizeof(float));
+  int64_t lda = e->ta ? M : K, ldb = e->tb ? K : N, found = 0;
   sgemm1(0, e->ta, e->tb, M, N, K, alpha, a, lda, b, ldb, beta, NULL, c1, N);
-  /* the blocks as the split itself cuts them (gemm_task), one after another */
-  gemm_job j = {0, e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, step, alpha, beta, a, b, c2,
-                NULL};
-  for (int t = 0; t * step < len; t++) gemm_task(&j, t);
-  int same = !memcmp(c1, c2, nc * sizeof(float));
+  for (int i = 0; i < na_ && !found; i++) {
+    if (cuts_skip(aligns, i, len, e->threads)) continue;
+    /* the blocks as the split itself cuts them (gemm_task), one after another */
+    memcpy(c2, c0, nc * sizeof(float));
+    gemm_job j = {0, e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, 0, alpha, beta, a, b, c2,
+                  NULL};
+    job_cut(&j, e->threads, aligns[i]);
+    for (int t = 0; t < j.ntasks; t++) gemm_task(&j, t);
+    if (!memcmp(c1, c2, nc * sizeof(float))) found = aligns[i];
+  }
   dg__free(a);
-  return same;
+  return found;
 }
 
-/* The split to run (0 rows, 1 columns, -1 none: one thread) for a shape
- * that can be split as can[] says, and the slot to time it into (NULL:
- * decided). The first call probes the shape's splits. Called with the lock
- * held. */
-static int split_pick(const split_slot *shape, const int can[2], float alpha, float beta,
-                      split_slot **timing) {
-  *timing = NULL;
+/* The shape's slot, or a free one for it; NULL: the table is full. Called
+ * with the lock held. */
+static split_slot *slot_of(const split_slot *shape) {
   uint64_t h = 1469598103934665603ULL; /* FNV-1a over the shape: its first slot */
   int64_t v[7] = {shape->M, shape->N, shape->K, shape->ta, shape->tb, shape->threads, shape->ab};
   for (int i = 0; i < 7; i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ULL;
-  split_slot *e = NULL;
-  for (int i = 0; i < SPLIT_SLOTS && !e; i++) {
+  for (int i = 0; i < SPLIT_SLOTS; i++) {
     split_slot *c = &g_split[(h + (uint64_t)i) % SPLIT_SLOTS];
     if (!c->threads || (c->M == shape->M && c->N == shape->N && c->K == shape->K &&
                         c->ta == shape->ta && c->tb == shape->tb &&
                         c->threads == shape->threads && c->ab == shape->ab))
-      e = c;
+      return c;
   }
+  return NULL;
+}
+
+int dg__sgemm_split_of(int ta, int tb, int64_t M, int64_t N, int64_t K, int threads) {
+  split_slot shape = {M, N, K, ta, tb, threads, 3, {0, 0}, {0, 0}, -1, {0, 0}};
+  pthread_mutex_lock(&g_split_mu);
+  const split_slot *e = slot_of(&shape);
+  int r = !e || !e->threads ? -2
+          : !e->align[0] || !e->align[1] ? (e->align[1] ? 1 : e->align[0] ? 0 : -1)
+          : e->pick >= 0 ? e->pick : 2;
+  pthread_mutex_unlock(&g_split_mu);
+  return r;
+}
+
+/* The split to run (0 rows, 1 columns, -1 none: one thread) for a shape
+ * that can be split as can[] says, the slot to time it into (NULL:
+ * decided) and in align[] each direction's cut alignment. The first call
+ * probes the shape's splits. Called with the lock held. */
+static int split_pick(const split_slot *shape, const int can[2], float alpha, float beta,
+                      split_slot **timing, int64_t align[2]) {
+  *timing = NULL;
+  split_slot *e = slot_of(shape);
   if (!e) return -1; /* a table full of shapes: no probe, no split */
   if (!e->threads) {
     *e = *shape;
-    for (int cols = 0; cols < 2; cols++) e->ok[cols] = can[cols] && split_probe(e, cols, alpha, beta);
+    for (int cols = 0; cols < 2; cols++)
+      e->align[cols] = can[cols] ? split_probe(e, cols, alpha, beta) : 0;
   }
-  if (!e->ok[0] || !e->ok[1]) return e->ok[1] ? 1 : e->ok[0] ? 0 : -1;
+  align[0] = e->align[0], align[1] = e->align[1];
+  if (!align[0] || !align[1]) return align[1] ? 1 : align[0] ? 0 : -1;
   if (e->pick >= 0) return e->pick;
   *timing = e;
   return e->tries[0] > e->tries[1]; /* alternate, rows first */
@@ -261,7 +321,7 @@ static int sgemm_lend(int own, int ta, int tb, int64_t M, int64_t N, int64_t K, 
     return 0;
   dg__sgemm_own_reserve(2); /* the worker's buffers, made in the first step */
   gemm_job j = {own, ta, tb, 1, 0, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, e};
-  job_cut(&j, LEND_TASKS);
+  job_cut(&j, LEND_TASKS, COL_ALIGN);
   return dg__lend_for(j.ntasks, gemm_task, &j); /* asks the probe */
 }
 
@@ -290,15 +350,16 @@ static void sgemm_any(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
   split_slot *timing = NULL;
   split_slot shape = {M, N, K, ta, tb, threads, (alpha == 1.0f) | (beta == 0.0f) << 1,
                       {0, 0}, {0, 0}, -1, {INT64_MAX, INT64_MAX}};
+  int64_t align[2];
   pthread_mutex_lock(&g_split_mu);
-  int cols = split_pick(&shape, can, alpha, beta, &timing);
+  int cols = split_pick(&shape, can, alpha, beta, &timing, align);
   pthread_mutex_unlock(&g_split_mu);
   if (cols < 0) { /* no split gives the whole's bits */
     sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, e, C, ldc);
     return;
   }
   gemm_job j = {own, ta, tb, cols, threads, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, e};
-  job_cut(&j, threads);
+  job_cut(&j, threads, align[cols]);
   int64_t t0 = timing ? (int64_t)dg__trace_now() : 0;
   dg__parallel_for(j.ntasks, gemm_task, &j);
   if (timing) {

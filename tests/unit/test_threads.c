@@ -1,12 +1,14 @@
 /* dgrad's compute pool: every task runs exactly once per job (stress), split
  * GEMMs (by rows or by columns, as each shape's timing picks) give
- * bit-identical results to one thread, a forked child can still
+ * bit-identical results to one thread (cut where OpenBLAS's tiles allow,
+ * without giving up the split), a forked child can still
  * compute, and a threaded step allocates nothing (see test_noalloc too). */
 #include <dgrad.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backends/cpu/cpu_impl.h"
 #include "base/threads_impl.h"
 #include "test.h"
 
@@ -62,6 +64,34 @@ static void test_gemm_split(void) {
   dg_ctx_free(ctx);
 }
 
+/* Products whose blocks OpenBLAS rounds like the whole only at cuts that
+ * line up with its tiles (on a Zen 3 EPYC: rows at multiples of 24 for the
+ * first two, of 48 for the third, no column cut at all), which the split's
+ * probe finds: split, with the bits of one thread. The third's halves are
+ * past the size below which splits used to be probed at all. */
+static void test_gemm_split_aligned(void) {
+  dg_ctx *ctx = NULL;
+  REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
+  int64_t shapes[3][5] = {{256, 256, 512, 0, 1}, {512, 784, 256, 1, 0}, {512, 512, 784, 0, 1}};
+  for (int s = 0; s < 3; s++) {
+    int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+    int ta = (int)shapes[s][3], tb = (int)shapes[s][4];
+    dg_tensor *c1 = mm(ctx, 1, ta, tb, M, N, K);
+    REQUIRE(c1);
+    for (int rep = 0; rep < 8; rep++) { /* past the timing of both splits */
+      dg_tensor *c2 = mm(ctx, 2, ta, tb, M, N, K);
+      REQUIRE(c2);
+      CHECK(!memcmp(dg_tensor_data(c1), dg_tensor_data(c2), (size_t)(M * N) * sizeof(float)));
+    }
+    int how = dg__sgemm_split_of(ta, tb, M, N, K, 2);
+    if (how < 0) fprintf(stderr, "%ldx%ldx%ld (ta %d tb %d) on 2 threads: split %d\n", (long)M,
+                         (long)N, (long)K, ta, tb, how);
+    CHECK(how >= 0);
+    dg_ctx_reset(ctx);
+  }
+  dg_ctx_free(ctx);
+}
+
 static void test_fork(void) {
   dg_set_num_threads(2);
   dg__parallel_for(4, bump, NULL); /* workers exist in the parent */
@@ -82,6 +112,7 @@ static void test_fork(void) {
 int main(void) {
   test_exactly_once();
   test_gemm_split();
+  test_gemm_split_aligned();
   test_fork();
   dg_set_num_threads(1);
   return TEST_DONE();
