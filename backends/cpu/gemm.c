@@ -213,6 +213,15 @@ static int cuts_skip(const int64_t *aligns, int i, int64_t len, int n) {
   return 0;
 }
 
+/* p[i] = element skip + i of the probe's pattern: xorshift32 in [-1, 1). */
+static void probe_fill(float *p, size_t n, size_t skip) {
+  uint32_t x = 2463534242u;
+  for (size_t i = 0; i < skip + n; i++) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    if (i >= skip) p[i - skip] = (float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f;
+  }
+}
+
 /* The first alignment at which rows (cols 0) or columns cut for e->threads
  * blocks give the bits of the whole, on a pattern of the probe's own; 0:
  * none, or not the memory to probe. A product too large for PROBE_BYTES is
@@ -227,27 +236,22 @@ static int64_t split_probe(const split_slot *e, int cols, float alpha, float bet
   /* the own kernel's bits depend on K only (gemm_own.c): nothing to probe */
   if (dg__sgemm_own_fits(M, N, K)) return aligns[0];
   double cap = (double)PROBE_BYTES / sizeof(float);
-  if ((double)M * K + (double)K * N + 3.0 * M * N > cap) {
-    double fit = (cap - (double)len * K) / (double)(K + 3 * len); /* the other side */
+  if ((double)M * K + (double)K * N + 2.0 * M * N > cap) {
+    double fit = (cap - (double)len * K) / (double)(K + 2 * len); /* the other side */
     if (fit < 64) return 0;
     *(cols ? &M : &N) = DG_MIN(cols ? M : N, (int64_t)fit / 64 * 64);
   }
   size_t na = (size_t)(M * K), nb = (size_t)(K * N), nc = (size_t)(M * N);
-  float *a = dg__malloc((na + nb + 3 * nc) * sizeof(float));
+  float *a = dg__malloc((na + nb + 2 * nc) * sizeof(float));
   if (!a) return 0;
-  float *b = a + na, *c0 = b + nb, *c1 = c0 + nc, *c2 = c1 + nc;
-  uint32_t x = 2463534242u;
-  for (size_t i = 0; i < na + nb + nc; i++) { /* xorshift32 in [-1, 1) */
-    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-    a[i] = (float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f;
-  }
-  memcpy(c1, c0, nc * sizeof(float));
+  float *b = a + na, *c1 = b + nb, *c2 = c1 + nc;
+  probe_fill(a, na + nb + nc, 0); /* A, B and C's input */
   int64_t lda = e->ta ? M : K, ldb = e->tb ? K : N, found = 0;
   sgemm1(0, e->ta, e->tb, M, N, K, alpha, a, lda, b, ldb, beta, NULL, c1, N);
   for (int i = 0; i < na_ && !found; i++) {
     if (cuts_skip(aligns, i, len, e->threads)) continue;
     /* the blocks as the split itself cuts them (gemm_task), one after another */
-    memcpy(c2, c0, nc * sizeof(float));
+    probe_fill(c2, nc, na + nb); /* C's input again (not kept: peak memory) */
     gemm_job j = {0, e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, 0, alpha, beta, a, b, c2,
                   NULL};
     job_cut(&j, e->threads, aligns[i]);
