@@ -125,13 +125,13 @@ static void sgemm1(int own, int ta, int tb, int64_t M, int64_t N, int64_t K, flo
  * 3 EPYC (Debian's OpenBLAS, Zen kernels) row cuts kept the bits only at
  * multiples of 24 rows for M = 256, of 48 for 512 and of 192 for 1024, and
  * no column cut did for a 256x256x512 product, at any size of block (and
- * on a Xeon its small-matrix paths took a 32x96x512 product's column halves,
- * rounding them differently from the whole). So
- * before a shape is split, a probe runs the whole and then the split with
- * its cuts at multiples of each alignment in turn (nearest to even shares),
- * on data of its own (zeros would agree on any path), and keeps the first
- * alignment that gives the whole's bits; with none in either direction,
- * the shape runs on one thread. */
+ * on a Xeon its small-matrix paths took a 32x96x512 product's column
+ * halves, rounding them differently from the whole). So before a shape is
+ * split, a probe runs the whole and then the split with its cuts at
+ * multiples of each alignment in turn (nearest to even shares), on data of
+ * its own (zeros would agree on any path), and keeps the first alignment
+ * that gives the whole's bits; with none in either direction, the shape
+ * runs on one thread. */
 
 typedef struct {
   int own, ta, tb, by_cols, ntasks;
