@@ -192,13 +192,6 @@ typedef struct {
 static split_slot g_split[SPLIT_SLOTS];
 static pthread_mutex_t g_split_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* j cut into `parts` blocks of its rows or columns (by_cols) at multiples
- * of align. */
-static void job_cut(gemm_job *j, int parts, int64_t align) {
-  j->ntasks = parts;
-  j->align = align;
-}
-
 /* Whether cutting len into n blocks at multiples of aligns[i] gives empty
  * blocks (the alignment is too coarse for the shape) or the cuts of an
  * alignment tried before it (nothing new to probe). */
@@ -252,9 +245,8 @@ static int64_t split_probe(const split_slot *e, int cols, float alpha, float bet
     if (cuts_skip(aligns, i, len, e->threads)) continue;
     /* the blocks as the split itself cuts them (gemm_task), one after another */
     probe_fill(c2, nc, na + nb); /* C's input again (not kept: peak memory) */
-    gemm_job j = {0, e->ta, e->tb, cols, 0, M, N, K, lda, ldb, N, 0, alpha, beta, a, b, c2,
-                  NULL};
-    job_cut(&j, e->threads, aligns[i]);
+    gemm_job j = {0, e->ta, e->tb, cols, e->threads, M, N, K, lda, ldb, N, aligns[i], alpha,
+                  beta, a, b, c2, NULL};
     for (int t = 0; t < j.ntasks; t++) gemm_task(&j, t);
     if (!memcmp(c1, c2, nc * sizeof(float))) found = aligns[i];
   }
@@ -278,13 +270,19 @@ static split_slot *slot_of(const split_slot *shape) {
   return NULL;
 }
 
+/* The one split a probed slot allows (0 rows, 1 columns), -1 none, or 2
+ * both (the timing picks). */
+static int slot_only(const split_slot *e) {
+  if (e->align[0] && e->align[1]) return 2;
+  return e->align[1] ? 1 : e->align[0] ? 0 : -1;
+}
+
 int dg__sgemm_split_of(int ta, int tb, int64_t M, int64_t N, int64_t K, int threads) {
   split_slot shape = {M, N, K, ta, tb, threads, 3, {0, 0}, {0, 0}, -1, {0, 0}};
   pthread_mutex_lock(&g_split_mu);
   const split_slot *e = slot_of(&shape);
-  int r = !e || !e->threads ? -2
-          : !e->align[0] || !e->align[1] ? (e->align[1] ? 1 : e->align[0] ? 0 : -1)
-          : e->pick >= 0 ? e->pick : 2;
+  int r = !e || !e->threads ? -2 : slot_only(e);
+  if (r == 2 && e->pick >= 0) r = e->pick;
   pthread_mutex_unlock(&g_split_mu);
   return r;
 }
@@ -304,7 +302,8 @@ static int split_pick(const split_slot *shape, const int can[2], float alpha, fl
       e->align[cols] = can[cols] ? split_probe(e, cols, alpha, beta) : 0;
   }
   align[0] = e->align[0], align[1] = e->align[1];
-  if (!align[0] || !align[1]) return align[1] ? 1 : align[0] ? 0 : -1;
+  int only = slot_only(e);
+  if (only != 2) return only;
   if (e->pick >= 0) return e->pick;
   *timing = e;
   return e->tries[0] > e->tries[1]; /* alternate, rows first */
@@ -329,8 +328,8 @@ static int sgemm_lend(int own, int ta, int tb, int64_t M, int64_t N, int64_t K, 
   if (!own || M <= 0 || (double)M * N * K < LEND_MIN || N < 2 * COL_ALIGN || !dg__lend_armed())
     return 0;
   dg__sgemm_own_reserve(2); /* the worker's buffers, made in the first step */
-  gemm_job j = {own, ta, tb, 1, 0, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, e};
-  job_cut(&j, LEND_TASKS, COL_ALIGN);
+  gemm_job j = {own, ta, tb, 1, LEND_TASKS, M, N, K, lda, ldb, ldc, COL_ALIGN, alpha, beta,
+                A, B, C, e};
   return dg__lend_for(j.ntasks, gemm_task, &j); /* asks the probe */
 }
 
@@ -367,8 +366,8 @@ static void sgemm_any(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
     sgemm1(own, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, e, C, ldc);
     return;
   }
-  gemm_job j = {own, ta, tb, cols, threads, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C, e};
-  job_cut(&j, threads, align[cols]);
+  gemm_job j = {own, ta, tb, cols, threads, M, N, K, lda, ldb, ldc, align[cols], alpha, beta,
+                A, B, C, e};
   int64_t t0 = timing ? (int64_t)dg__trace_now() : 0;
   dg__parallel_for(j.ntasks, gemm_task, &j);
   if (timing) {

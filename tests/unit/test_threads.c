@@ -39,6 +39,21 @@ static dg_tensor *mm(dg_ctx *ctx, int threads, int ta, int tb, int64_t M, int64_
   return dg_matmul_t(ctx, a, b, ta, tb);
 }
 
+/* The product on 1 thread, then `reps` times on `t0` threads and on t0 + 1
+ * in turn (alt 0: t0 only): the same bits every call. Each shape times both
+ * splits (rows, columns) on its first calls, then keeps one. */
+static void check_split(dg_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, int t0,
+                        int alt, int reps) {
+  dg_tensor *c1 = mm(ctx, 1, ta, tb, M, N, K);
+  REQUIRE(c1);
+  for (int rep = 0; rep < reps; rep++) {
+    dg_tensor *ct = mm(ctx, t0 + (alt ? rep % 2 : 0), ta, tb, M, N, K);
+    REQUIRE(ct);
+    CHECK(!memcmp(dg_tensor_data(c1), dg_tensor_data(ct), (size_t)(M * N) * sizeof(float)));
+  }
+  dg_ctx_reset(ctx);
+}
+
 static void test_gemm_split(void) {
   dg_ctx *ctx = NULL;
   REQUIRE(dg_ctx_new(&ctx, NULL) == DG_OK);
@@ -48,19 +63,8 @@ static void test_gemm_split(void) {
   int64_t shapes[5][3] = {{300, 150, 200}, {40, 700, 64}, {513, 9, 257}, {32, 96, 512},
                           {32, 96, 784}};
   for (int s = 0; s < 5; s++)
-    for (int f = 0; f < 4; f++) {
-      int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-      dg_tensor *c1 = mm(ctx, 1, f & 1, f >> 1, M, N, K);
-      REQUIRE(c1);
-      /* each shape times both splits (rows, columns) on its first calls,
-       * then keeps one: every call, either split, the same bits */
-      for (int rep = 0; rep < 10; rep++) {
-        dg_tensor *ct = mm(ctx, 2 + rep % 2, f & 1, f >> 1, M, N, K);
-        REQUIRE(ct);
-        CHECK(!memcmp(dg_tensor_data(c1), dg_tensor_data(ct), (size_t)(M * N) * sizeof(float)));
-      }
-      dg_ctx_reset(ctx);
-    }
+    for (int f = 0; f < 4; f++)
+      check_split(ctx, f & 1, f >> 1, shapes[s][0], shapes[s][1], shapes[s][2], 2, 1, 10);
   dg_ctx_free(ctx);
 }
 
@@ -76,18 +80,11 @@ static void test_gemm_split_aligned(void) {
   for (int s = 0; s < 3; s++) {
     int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
     int ta = (int)shapes[s][3], tb = (int)shapes[s][4];
-    dg_tensor *c1 = mm(ctx, 1, ta, tb, M, N, K);
-    REQUIRE(c1);
-    for (int rep = 0; rep < 8; rep++) { /* past the timing of both splits */
-      dg_tensor *c2 = mm(ctx, 2, ta, tb, M, N, K);
-      REQUIRE(c2);
-      CHECK(!memcmp(dg_tensor_data(c1), dg_tensor_data(c2), (size_t)(M * N) * sizeof(float)));
-    }
+    check_split(ctx, ta, tb, M, N, K, 2, 0, 8); /* past the timing of both splits */
     int how = dg__sgemm_split_of(ta, tb, M, N, K, 2);
     if (how < 0) fprintf(stderr, "%ldx%ldx%ld (ta %d tb %d) on 2 threads: split %d\n", (long)M,
                          (long)N, (long)K, ta, tb, how);
     CHECK(how >= 0);
-    dg_ctx_reset(ctx);
   }
   dg_ctx_free(ctx);
 }
