@@ -1,4 +1,4 @@
-/* dgrad's own AVX-512 SGEMM (backends/cpu/gemm_own.c) against OpenBLAS on
+/* dgrad's own SGEMM (backends/cpu/gemm_own.c) against OpenBLAS on
  * one thread, on the GEMM shapes of a training step of the MLP benchmark
  * (784-512-256-10 at batch 64 and 256) and of char-GPT (bench/gpt.c's
  * default model at batch 16). Which kernel dgrad runs follows the CPU
@@ -13,7 +13,7 @@
  * own_gflops: the own kernel on every shape; dgrad_gflops: each shape on the
  * kernel dgrad gives it on this CPU (the own kernel where it is chosen and
  * its shape rule takes the shape, OpenBLAS on the rest; DG_GEMM=own shows
- * the rule on any AVX-512 CPU); speedup: OpenBLAS's step time over that;
+ * the rule on any AVX2 or AVX-512 CPU); speedup: OpenBLAS's step time over that;
  * dgrad_kernel: "own" where dgrad chose its kernel here, else "openblas". Rounds alternate
  * the two kernels; each shape's time is its best round. */
 #include <cblas.h>
@@ -81,7 +81,8 @@ int main(int argc, char **argv) {
     }
   }
   if (rounds < 1 || !dg__sgemm_own_cpu()) {
-    fprintf(stderr, "%s\n", rounds < 1 ? "--rounds: at least 1" : "no AVX-512F: no own kernel");
+    fprintf(stderr, "%s\n",
+            rounds < 1 ? "--rounds: at least 1" : "no AVX2 and FMA: no own kernel");
     return rounds < 1 ? 2 : 0;
   }
   dg_set_num_threads(1);

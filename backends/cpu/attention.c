@@ -19,7 +19,7 @@
  * written straight into the (B, T, 3C) gradient of qkv (the first writer
  * overwrites). With a causal mask the GEMMs go by blocks of ATT_BLK rows and
  * skip the blocks above the diagonal. Where the process uses dgrad's own
- * SGEMM (gemm_own.c: AMD's AVX-512 cores) the products run instead on its
+ * SGEMM (gemm_own.c: AMD's AVX-512 cores, or DG_GEMM=own) the products run on its
  * unpacked small-product kernel by tiles of 8 rows (fwd_pair_own,
  * bwd_pair_own): OpenBLAS's small-matrix paths ran these 32 x 32 x 32
  * products at half the core's FMA rate. (b, h) pairs run on the compute

@@ -49,10 +49,11 @@ int dg__sgemm_split_of(int ta, int tb, int64_t M, int64_t N, int64_t K, int thre
 void dg__sgemm_add(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                    const float *B, int64_t ldb, const dg__gemm_epi *e, float *C, int64_t ldc);
 
-/* dgrad's own AVX-512 SGEMM (gemm_own.c), same contract as dg__sgemm on
- * one thread. Returns 0, or -1 without doing anything where it does not
- * run (no AVX-512 build, M/N/K <= 0, alpha 0, no memory for its packing
- * buffers): the caller then runs OpenBLAS. */
+/* dgrad's own SGEMM (gemm_own.c: AVX-512, or AVX2 with the same bits),
+ * same contract as dg__sgemm on one thread. Returns 0, or -1 without doing
+ * anything where it does not run (no x86-64 gcc build, no AVX2 and FMA,
+ * M/N/K <= 0, alpha 0, no memory for its packing buffers): the caller then
+ * runs OpenBLAS. */
 int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* The same through the epilogue e (NULL: none): C = alpha op(A) op(B) +
@@ -62,7 +63,7 @@ int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
 int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                       const dg__gemm_epi *e, float *C, int64_t ldc);
-/* Whether the CPU can run it (AVX-512F). */
+/* Whether the CPU can run it (AVX2 and FMA; AVX-512F for the wide kernel). */
 int dg__sgemm_own_cpu(void);
 /* Makes packing buffers for n products at once (the compute threads of a
  * split product), so that steady-state steps allocate nothing. */

@@ -1,5 +1,5 @@
 /* Row-major SGEMM: C(M,N) = alpha * op(A) op(B) + beta * C. dgrad's own
- * AVX-512 kernel on the CPUs and shapes it is chosen for (gemm_own.c), else
+ * kernel on the CPUs and shapes it is chosen for (gemm_own.c), else
  * OpenBLAS when the build has it, else a plain blocked loop (correct, not
  * fast). */
 #include <pthread.h>

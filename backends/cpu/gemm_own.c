@@ -1,5 +1,6 @@
-/* dgrad's own SGEMM for AVX-512 CPUs (row-major, as dg__sgemm): an 8x32
- * micro-tile of FMAs, BLIS-style.
+/* dgrad's own SGEMM (row-major, as dg__sgemm): an 8x32 micro-tile of FMAs
+ * on AVX-512 CPUs, BLIS-style, and a 6x16 one on AVX2 CPUs with the same
+ * bits (below).
  *
  * Why not OpenBLAS everywhere: on a Zen 4 core (AVX-512 on 256-bit units)
  * OpenBLAS's kernel runs the training steps' shapes at 82-91% of the FMA
@@ -8,16 +9,19 @@
  * panels, reads the broadcast operand's rows in place where they run along
  * k (no packing), transposes with 16x16 in-register shuffles, and computes
  * x W^T as its transpose where x has few rows for its K (transposed_pays).
- * End to end it is 2-14% faster than OpenBLAS there (bench/gemm_own). Other
- * CPUs keep OpenBLAS (the choice is the CPU's, not a timing: see
- * own_decide) and DG_GEMM=own|blas pins it.
+ * End to end it is 2-14% faster than OpenBLAS there (bench/gemm_own). On a
+ * Zen 3 (AVX2) the AVX2 kernel measured level with OpenBLAS (MLP steps -5%
+ * to +6%, char-GPT -3% to +3%, in a noisy window), so AVX2 CPUs keep
+ * OpenBLAS unless DG_GEMM=own (the choice is the CPU's, not a timing: see
+ * own_decide); DG_GEMM=own|blas pins it.
  *
  * Rounding: each C element is the sequential FMA chain over its k in passes
  * of at most KC_MAX (the pass length depends on K only), added to C per
  * pass, the same whichever operand is broadcast (a * b is exact before the
  * add). So an element's bits do not depend on where it sits in a tile, on
  * the product being computed as its transpose or on how a split cuts C
- * (gemm.c's splits rely on it), only on K. */
+ * (gemm.c's splits rely on it), only on K, and not on the ISA: the AVX2
+ * kernel does the same operations in the same order. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -373,8 +377,6 @@ TILE(tile_pk1_t, 1, 0, 1)
 TILE(tile_pk2_t, 2, 0, 1)
 TILE(tile_ip1_t, 1, 1, 1)
 TILE(tile_ip2_t, 2, 1, 1)
-static tile_fn *const g_tiles[2][2][2] = {{{tile_pk1, tile_pk2}, {tile_ip1, tile_ip2}},
-                                          {{tile_pk1_t, tile_pk2_t}, {tile_ip1_t, tile_ip2_t}}};
 
 /* C = alpha op(A) op(B) + (res + bias or beta C), or with trc, C^T = alpha
  * op(A) op(B) + ... (the product computed as its transpose: A and B here
@@ -388,31 +390,50 @@ typedef struct {
   dg__gemm_epi e; /* res and mask at C's stride; bias along C's columns */
 } own_job;
 
+typedef void pack_a_fn(int ta, const float *A, int64_t lda, int64_t i0, int64_t mr, int64_t k0,
+                       int64_t kc, float *ap);
+typedef void pack_b_fn(int tb, const float *B, int64_t ldb, int64_t j0, int64_t nc, int64_t k0,
+                       int64_t kc, float *bp);
+
+/* A kernel for one ISA: its micro-tile (mr rows, nr columns in two vectors
+ * of nr / 2), the slivers of a transposed A packed at once (ag), its
+ * packing and its tiles [trc][inplace][two vectors] (trc NULL: never run
+ * as its transpose). A packed sliver is (kc, mr). */
+typedef struct {
+  int mr, nr, ag;
+  pack_a_fn *pack_a;
+  pack_b_fn *pack_b;
+  tile_fn *tiles[2][2][2];
+} own_kern;
+
+static const own_kern g_k512 = {MR, NR, AG, pack_a, pack_b, {{{tile_pk1, tile_pk2}, {tile_ip1, tile_ip2}},
+                                {{tile_pk1_t, tile_pk2_t}, {tile_ip1_t, tile_ip2_t}}}};
+
 /* One pass (k0, kc) over columns j0..j0+nc: pack that B block once, then
- * each MR-row sliver of A against all its panels. A sliver of whole rows
+ * each mr-row sliver of A against all its panels. A sliver of whole rows
  * of A stored along k is read in place (no packing); others are packed. */
-static void own_block(const own_job *j, own_buf *buf, int64_t k0, int64_t kc, int64_t j0,
-                      int64_t nc) {
-  pack_b(j->tb, j->B, j->ldb, j0, nc, k0, kc, buf->b);
-  for (int64_t i0 = 0; i0 < j->M; i0 += MR) {
-    int mr = (int)DG_MIN(j->M - i0, MR), ip = !j->ta && mr == MR;
+static void own_block(const own_kern *kn, const own_job *j, own_buf *buf, int64_t k0, int64_t kc,
+                      int64_t j0, int64_t nc) {
+  kn->pack_b(j->tb, j->B, j->ldb, j0, nc, k0, kc, buf->b);
+  for (int64_t i0 = 0; i0 < j->M; i0 += kn->mr) {
+    int mr = (int)DG_MIN(j->M - i0, kn->mr), ip = !j->ta && mr == kn->mr;
     const float *ap = j->A + i0 * j->lda + k0;
-    if (j->ta) { /* AG slivers packed at the first of them */
-      int64_t s = i0 / MR % AG;
-      if (!s) pack_a(1, j->A, j->lda, i0, DG_MIN(j->M - i0, AG * MR), k0, kc, buf->a);
-      ap = buf->a + s * kc * MR;
+    if (j->ta) { /* ag slivers packed at the first of them */
+      int64_t s = i0 / kn->mr % kn->ag;
+      if (!s) kn->pack_a(1, j->A, j->lda, i0, DG_MIN(j->M - i0, kn->ag * kn->mr), k0, kc, buf->a);
+      ap = buf->a + s * kc * kn->mr;
     } else if (!ip) {
-      pack_a(0, j->A, j->lda, i0, mr, k0, kc, buf->a), ap = buf->a;
+      kn->pack_a(0, j->A, j->lda, i0, mr, k0, kc, buf->a), ap = buf->a;
     }
-    for (int64_t jp = 0; jp < nc; jp += NR) {
-      int nr = (int)DG_MIN(nc - jp, NR);
+    for (int64_t jp = 0; jp < nc; jp += kn->nr) {
+      int nr = (int)DG_MIN(nc - jp, kn->nr);
       int64_t off = j->trc ? (j0 + jp) * j->ldc + i0 : i0 * j->ldc + j0 + jp;
       int last = k0 + kc == j->K;
       own_epi e = {j->alpha, j->beta, j->e.res ? j->e.res + off : NULL,
                    j->e.bias ? j->e.bias + (j->trc ? i0 : j0 + jp) : NULL,
                    j->e.mask && last ? j->e.mask + off : NULL, j->e.relu && last};
-      g_tiles[j->trc][ip][nr > 16](kc, ap, j->lda, buf->b + jp * kc, j->C + off, j->ldc, mr, nr,
-                                   &e, k0 == 0);
+      kn->tiles[j->trc][ip][nr > kn->nr / 2](kc, ap, j->lda, buf->b + jp * kc, j->C + off,
+                                             j->ldc, mr, nr, &e, k0 == 0);
     }
   }
 }
@@ -428,27 +449,48 @@ static int transposed_pays(int ta, int tb, int64_t M, int64_t K) {
   return !ta && tb && K >= 4 * M;
 }
 
+static const own_kern g_k256;
+
+/* The ISA the kernel runs at: the element-wise kernels' (DG_SIMD caps
+ * both, so DG_SIMD=avx2 runs the AVX2 kernel on an AVX-512 CPU), but never
+ * below AVX2 where the CPU has it: a cap to the baseline must not take the
+ * products dg__sgemm_own_fits gave this kernel (gemm.c splits them as the
+ * own kernel's, at any cut) to OpenBLAS. DG_GEMM=blas turns it off. */
+static int kern_isa(void) {
+  int isa = dg__simd_isa();
+  if (isa >= DG_ISA_AVX2) return isa;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f")                                     ? DG_ISA_AVX512
+         : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? DG_ISA_AVX2
+                                                                             : DG_ISA_BASE;
+}
+
 int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                       const dg__gemm_epi *e, float *C, int64_t ldc) {
   if (M <= 0 || N <= 0 || K <= 0 || alpha == 0.0f) return -1; /* the caller's plain paths */
+  int isa = kern_isa();
+  if (isa < DG_ISA_AVX2) return -1;
+  const own_kern *kn = isa == DG_ISA_AVX512 ? &g_k512 : &g_k256;
   int slot;
   own_buf *buf = slot_claim(&slot);
   if (!buf) return -1;
   own_job j = {ta, tb, 0, M, K, lda, ldb, ldc, alpha, beta, A, B, C, {0}};
   if (e) j.e = *e;
-  if (transposed_pays(ta, tb, M, K)) { /* C^T = op(B)^T op(A)^T */
+  if (kn->tiles[1][0][0] && transposed_pays(ta, tb, M, K)) { /* C^T = op(B)^T op(A)^T */
     j = (own_job){!tb, !ta, 1, N, K, ldb, lda, ldc, alpha, beta, B, A, C, j.e};
     int64_t t = M;
     M = N, N = t;
   }
+  /* the passes depend on K alone, alike for every ISA: the bits do */
   int64_t passes = (K + KC_MAX - 1) / KC_MAX, kcs = (K + passes - 1) / passes;
   for (int64_t k0 = 0; k0 < K; k0 += kcs) {
     int64_t kc = DG_MIN(K - k0, kcs);
     /* the B block fits B_BYTES; blocks of equal width, in whole panels */
-    int64_t ncap = DG_MAX((int64_t)(B_BYTES / 4) / kc / NR * NR, NR);
-    int64_t nblk = (N + ncap - 1) / ncap, ncs = ((N + nblk - 1) / nblk + NR - 1) / NR * NR;
-    for (int64_t j0 = 0; j0 < N; j0 += ncs) own_block(&j, buf, k0, kc, j0, DG_MIN(N - j0, ncs));
+    int64_t ncap = DG_MAX((int64_t)(B_BYTES / 4) / kc / kn->nr * kn->nr, kn->nr);
+    int64_t nblk = (N + ncap - 1) / ncap, ncs = ((N + nblk - 1) / nblk + kn->nr - 1) / kn->nr * kn->nr;
+    for (int64_t j0 = 0; j0 < N; j0 += ncs)
+      own_block(kn, &j, buf, k0, kc, j0, DG_MIN(N - j0, ncs));
   }
   slot_release(slot);
   return 0;
@@ -508,21 +550,29 @@ SMALL(small2, 2, 1)
 SMALL(small1m, 1, 0)
 SMALL(small2m, 2, 0)
 
-void dg__sgemm_small(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t ars,
-                     int64_t aks, const float *B, int64_t ldb, float beta, float *C,
-                     int64_t ldc) {
-  for (int64_t i0 = 0; i0 < M; i0 += MR) {
-    int mr = (int)DG_MIN(M - i0, MR);
-    for (int64_t j0 = 0; j0 < N; j0 += NR) {
-      int nr = (int)DG_MIN(N - j0, NR);
-      small_fn *f = nr == 32 ? small2 : nr == 16 ? small1 : nr > 16 ? small2m : small1m;
+/* A small-product kernel: tiles of mr rows and nr columns (two vectors),
+ * its variants [two vectors][full] (full: nr or nr / 2 columns, no masks). */
+typedef struct {
+  int mr, nr;
+  small_fn *f[2][2];
+} small_kern;
+static const small_kern g_s512 = {MR, NR, {{small1m, small1}, {small2m, small2}}};
+
+static void small_run(const small_kern *sk, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t ars, int64_t aks, const float *B, int64_t ldb,
+                      float beta, float *C, int64_t ldc) {
+  for (int64_t i0 = 0; i0 < M; i0 += sk->mr) {
+    int mr = (int)DG_MIN(M - i0, sk->mr);
+    for (int64_t j0 = 0; j0 < N; j0 += sk->nr) {
+      int nr = (int)DG_MIN(N - j0, sk->nr), two = nr > sk->nr / 2;
+      small_fn *f = sk->f[two][nr == (two ? sk->nr : sk->nr / 2)];
       f(K, A + i0 * ars, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, mr, nr, alpha, beta);
     }
   }
 }
 
 /* D[c * ldd + r] = S[r * lds + c], by 16x16 blocks turned in registers. */
-DG_TARGET_AVX512 void dg__transpose(const float *S, int64_t lds, int64_t rows, int64_t cols,
+DG_TARGET_AVX512 static void transpose512(const float *S, int64_t lds, int64_t rows, int64_t cols,
                                     float *D, int64_t ldd) {
   float t[16 * 16] __attribute__((aligned(64)));
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
@@ -536,10 +586,296 @@ DG_TARGET_AVX512 void dg__transpose(const float *S, int64_t lds, int64_t rows, i
   }
 }
 
-int dg__sgemm_own_cpu(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") != 0;
+/* ---- the AVX2 kernel (CPUs without AVX-512, as a Zen 3): a 6x16
+ * micro-tile, 12 accumulators of 8 lanes, 2 vectors of B and a broadcast
+ * (15 of the 16 registers). Each element is the same FMA chain over k in
+ * the same passes as above, and the epilogue the same operations in the
+ * same order, so the two kernels give the same bits (tests/unit/
+ * test_gemm_own checks it on AVX-512 CPUs): which ISA a process runs never
+ * changes a result. Never run as its transpose (a choice of speed only).
+ * Packed slivers are 6 floats a row, stored as 8-float vectors in rising
+ * order, each overwriting the 2 floats past the last (the buffer has room
+ * past its last sliver). ---- */
+
+#define MR2 6
+#define NR2 16
+#define AG2 4
+#define B_AHEAD 8 /* rows of B a block's packing fetches ahead: 3-5% on 128x512x1024 */
+_Static_assert(AG2 * MR2 + 1 <= AG * MR, "the A buffer holds AG2 slivers and 2 floats more");
+
+/* Lanes below n (0..8) of an AVX2 mask; maskload leaves the rest 0 and
+ * never touches their memory. */
+DG_TARGET_AVX2 DG_INLINE __m256i lanes8(int64_t n) {
+  static const int32_t t[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256((const __m256i *)(t + 8 - DG_MAX(DG_MIN(n, 8), 0)));
 }
+#define LOAD8(full, m, p) ((full) ? _mm256_loadu_ps(p) : _mm256_maskload_ps((p), (m)))
+
+/* d[k * ldd + c] = s[c * ld + k] for rows c < n of s and k < kt (<= 8);
+ * rows n..7 of the output's columns are zeros. d 32-byte aligned. */
+DG_TARGET_AVX2 DG_INLINE void tr8(const float *s, int64_t ld, int n, int kt, float *d,
+                                  int64_t ldd) {
+  __m256 r[8], t[8];
+  __m256i km = lanes8(kt);
+  _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)
+    r[c] = c < n ? _mm256_maskload_ps(s + c * ld, km) : _mm256_setzero_ps();
+  _Pragma("GCC unroll 8") for (int c = 0; c < 8; c += 2) {
+    t[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
+    t[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
+  }
+  _Pragma("GCC unroll 8") for (int c = 0; c < 8; c += 4) { /* rows c..c+3, k in pairs */
+    r[c] = _mm256_shuffle_ps(t[c], t[c + 2], 0x44);
+    r[c + 1] = _mm256_shuffle_ps(t[c], t[c + 2], 0xee);
+    r[c + 2] = _mm256_shuffle_ps(t[c + 1], t[c + 3], 0x44);
+    r[c + 3] = _mm256_shuffle_ps(t[c + 1], t[c + 3], 0xee);
+  }
+  _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) { /* k = p (low) and p + 4 (high) */
+    t[p] = _mm256_permute2f128_ps(r[p], r[p + 4], 0x20);
+    t[p + 4] = _mm256_permute2f128_ps(r[p], r[p + 4], 0x31);
+  }
+  _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+    if (k < kt) _mm256_store_ps(d + k * ldd, t[k]);
+}
+
+/* pack_a's contract, for MR2-row slivers and up to AG2 of them with ta. */
+DG_TARGET_AVX2 static void pack_a2(int ta, const float *A, int64_t lda, int64_t i0, int64_t mr,
+                                   int64_t k0, int64_t kc, float *ap) {
+  if (ta) { /* op(A)(i, k) = A[k][i]: each sliver's floats of row k, one masked load */
+    int ns = (int)((mr + MR2 - 1) / MR2);
+    __m256i six = lanes8(MR2);
+    for (int64_t k = 0; k < kc; k++) {
+      const float *s = A + (k0 + k) * lda + i0;
+      for (int q = 0; q < ns; q++) {
+        __m256 v = _mm256_maskload_ps(s + q * MR2, lanes8(DG_MIN(mr - q * MR2, MR2)));
+        if (k + 1 < kc) /* the 2 floats past it: row k + 1's, stored next */
+          _mm256_storeu_ps(ap + (q * kc + k) * MR2, v);
+        else /* past the sliver: the next one's first row, stored already */
+          _mm256_maskstore_ps(ap + (q * kc + k) * MR2, six, v);
+      }
+    }
+    return;
+  }
+  float t[8 * 8] __attribute__((aligned(32)));
+  for (int64_t k = 0; k < kc; k += 8) {
+    int kt = kc - k < 8 ? (int)(kc - k) : 8;
+    tr8(A + i0 * lda + k0 + k, lda, (int)mr, kt, t, 8);
+    for (int q = 0; q < kt; q++) _mm256_storeu_ps(ap + (k + q) * MR2, _mm256_load_ps(t + q * 8));
+  }
+}
+
+/* pack_b's contract, for NR2-wide panels. */
+DG_TARGET_AVX2 static void pack_b2(int tb, const float *B, int64_t ldb, int64_t j0, int64_t nc,
+                                   int64_t k0, int64_t kc, float *bp) {
+  if (!tb) { /* row k of B holds every panel's 16 floats: read it whole, in order */
+    __m256i m0 = lanes8(nc % NR2), m1 = lanes8(nc % NR2 - 8); /* the last panel's */
+    for (int64_t k = 0; k < kc; k++) {
+      const float *s = B + (k0 + k) * ldb + j0;
+      float *d = bp + k * NR2;
+      if (k + B_AHEAD < kc) /* a block's rows are its row's part: prefetchers stop at pages */
+        for (int64_t jp = 0; jp < nc; jp += 16) __builtin_prefetch(s + B_AHEAD * ldb + jp);
+      for (int64_t jp = 0; jp < nc; jp += NR2) {
+        int full = nc - jp >= NR2;
+        _mm256_store_ps(d + jp * kc, LOAD8(full, m0, s + jp));
+        _mm256_store_ps(d + jp * kc + 8, LOAD8(full, m1, s + jp + 8));
+      }
+    }
+    return;
+  }
+  for (int64_t jp = 0; jp < nc; jp += NR2) {
+    int64_t nr = DG_MIN(nc - jp, NR2);
+    float *d = bp + jp * kc;
+    const float *s = B + (j0 + jp) * ldb + k0; /* op(B)(k, j) = B[j][k] */
+    for (int h = 0; h < 2; h++)
+      for (int64_t k = 0; k < kc; k += 8) {
+        int kt = kc - k < 8 ? (int)(kc - k) : 8;
+        tr8(s + h * 8 * ldb + k, ldb, (int)DG_MIN(DG_MAX(nr - 8 * h, 0), 8), kt,
+            d + k * NR2 + 8 * h, NR2);
+      }
+  }
+}
+
+/* The epilogue of 8 lanes of a tile row (n of them in C, at o from the
+ * tile's corner; bias tb): tile_body's, operation for operation. The
+ * product alpha * acc is kept apart from the add after it (the build
+ * contracts a * b + c, and the AVX-512 kernel's add is not contracted). */
+DG_TARGET_AVX2 DG_INLINE void epi8(const own_epi *e, __m256 acc, float *C, int64_t o, int n,
+                                   __m256 tb, int first) {
+  int full = n >= 8;
+  __m256i m = lanes8(n);
+  float *c = C + o;
+  __m256 x = _mm256_mul_ps(_mm256_set1_ps(e->alpha), acc);
+  __asm__("" : "+x"(x));
+  if (first && (e->res || e->bias)) { /* + (res + bias) */
+    __m256 y = tb;
+    if (e->res) {
+      __m256 r = LOAD8(full, m, e->res + o);
+      y = e->bias ? _mm256_add_ps(r, tb) : r;
+    }
+    x = _mm256_add_ps(x, y);
+  } else if (!first || e->beta != 0.0f) { /* beta 0: C is not read (it may hold NaN) */
+    __m256 y = LOAD8(full, m, c);
+    x = first ? _mm256_fmadd_ps(_mm256_set1_ps(e->beta), y, x) : _mm256_add_ps(x, y);
+  }
+  if (e->relu) x = _mm256_max_ps(_mm256_setzero_ps(), x); /* NaN and -0 kept */
+  if (e->mask) /* 0 where the mask is not > 0 (NaN is not) */
+    x = _mm256_and_ps(_mm256_cmp_ps(LOAD8(full, m, e->mask + o), _mm256_setzero_ps(), _CMP_GT_OQ),
+                      x);
+  if (full)
+    _mm256_storeu_ps(c, x);
+  else
+    _mm256_maskstore_ps(c, m, x);
+}
+
+/* tile_body's contract for an MR2 x NR2 tile, never transposed. */
+DG_TARGET_AVX2 DG_INLINE void tile2_body(int64_t kc, const float *restrict ap, int64_t lda,
+                                         const float *restrict bp, float *C, int64_t ldc, int mr,
+                                         int nr, const own_epi *e, int first, const int nv,
+                                         const int inplace) {
+  for (int r = 0; r < mr; r++) {
+    if (first) __builtin_prefetch(C + r * ldc, 1);
+    if (e->mask) __builtin_prefetch(e->mask + r * ldc);
+  }
+  __m256 c0[MR2], c1[MR2];
+  _Pragma("GCC unroll 6") for (int r = 0; r < MR2; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; k++) {
+    __m256 b0 = _mm256_load_ps(bp), b1 = nv > 1 ? _mm256_load_ps(bp + 8) : b0;
+    _Pragma("GCC unroll 6") for (int r = 0; r < MR2; r++) {
+      __m256 a = _mm256_broadcast_ss(inplace ? ap + r * lda : ap + r);
+      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+      if (nv > 1) c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+    }
+    ap += inplace ? 1 : MR2, bp += NR2;
+  }
+  own_epi ev = *e; /* a local: C's float stores cannot alias it, so nothing is reloaded */
+  e = &ev;
+  int add = first && (e->res || e->bias);
+  if (first && !add && e->beta == 0.0f && !e->relu && !e->mask && nr == nv * 8) {
+    __m256 va = _mm256_set1_ps(e->alpha); /* the common case: C = alpha * acc */
+    _Pragma("GCC unroll 6") for (int r = 0; r < MR2; r++) {
+      if (r >= mr) break;
+      _mm256_storeu_ps(C + r * ldc, _mm256_mul_ps(va, c0[r]));
+      if (nv > 1) _mm256_storeu_ps(C + r * ldc + 8, _mm256_mul_ps(va, c1[r]));
+    }
+    return;
+  }
+  __m256 tb0 = _mm256_setzero_ps(), tb1 = tb0;
+  if (add && e->bias) {
+    tb0 = LOAD8(nr >= 8, lanes8(nr), e->bias);
+    if (nv > 1) tb1 = LOAD8(nr >= 16, lanes8(nr - 8), e->bias + 8);
+  }
+  _Pragma("GCC unroll 6") for (int r = 0; r < MR2; r++) {
+    if (r >= mr) break;
+    epi8(e, c0[r], C, r * ldc, nr, tb0, first);
+    if (nv > 1) epi8(e, c1[r], C, r * ldc + 8, nr - 8, tb1, first);
+  }
+}
+
+#define TILE2(name, nv, inplace)                                                                \
+  DG_TARGET_AVX2 static void name(int64_t kc, const float *ap, int64_t lda, const float *bp,     \
+                                  float *C, int64_t ldc, int mr, int nr, const own_epi *e,       \
+                                  int first) {                                                   \
+    tile2_body(kc, ap, lda, bp, C, ldc, mr, nr, e, first, nv, inplace);                          \
+  }
+TILE2(tile2_pk1, 1, 0)
+TILE2(tile2_pk2, 2, 0)
+TILE2(tile2_ip1, 1, 1)
+TILE2(tile2_ip2, 2, 1)
+static const own_kern g_k256 = {MR2, NR2, AG2, pack_a2, pack_b2,
+                                {{{tile2_pk1, tile2_pk2}, {tile2_ip1, tile2_ip2}}, {{0}}}};
+
+/* small_body's contract on AVX2: 4 x 16 tiles (8 accumulators). */
+#define MRS2 4
+DG_TARGET_AVX2 DG_INLINE void small2_body(int64_t K, const float *a, int64_t ars, int64_t aks,
+                                          const float *b, int64_t ldb, float *C, int64_t ldc,
+                                          int mr, int nr, float alpha, float beta, const int nv,
+                                          const int full) {
+  int64_t off[MRS2];
+  _Pragma("GCC unroll 4") for (int r = 0; r < MRS2; r++) off[r] = (r < mr ? r : 0) * ars;
+  __m256 c0[MRS2], c1[MRS2];
+  _Pragma("GCC unroll 4") for (int r = 0; r < MRS2; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+  __m256i m0 = lanes8(nr), m1 = lanes8(nr - 8);
+  for (int64_t k = 0; k < K; k++, a += aks, b += ldb) {
+    __m256 b0 = LOAD8(full, m0, b), b1 = nv > 1 ? LOAD8(full, m1, b + 8) : b0;
+    _Pragma("GCC unroll 4") for (int r = 0; r < MRS2; r++) {
+      __m256 av = _mm256_broadcast_ss(a + off[r]);
+      c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
+      if (nv > 1) c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
+    }
+  }
+  own_epi e = {alpha, beta, NULL, NULL, NULL, 0};
+  _Pragma("GCC unroll 4") for (int r = 0; r < MRS2; r++) {
+    if (r >= mr) break;
+    epi8(&e, c0[r], C, r * ldc, nr, c0[r], 1);
+    if (nv > 1) epi8(&e, c1[r], C, r * ldc + 8, nr - 8, c1[r], 1);
+  }
+}
+
+#define SMALL2(name, nv, full)                                                                 \
+  DG_TARGET_AVX2 static void name(int64_t K, const float *a, int64_t ars, int64_t aks,         \
+                                  const float *b, int64_t ldb, float *C, int64_t ldc, int mr,   \
+                                  int nr, float alpha, float beta) {                           \
+    small2_body(K, a, ars, aks, b, ldb, C, ldc, mr, nr, alpha, beta, nv, full);                \
+  }
+SMALL2(small2_1, 1, 1)
+SMALL2(small2_2, 2, 1)
+SMALL2(small2_1m, 1, 0)
+SMALL2(small2_2m, 2, 0)
+
+static const small_kern g_s256 = {MRS2, NR2, {{small2_1m, small2_1}, {small2_2m, small2_2}}};
+
+DG_TARGET_AVX2 static void transpose256(const float *S, int64_t lds, int64_t rows, int64_t cols,
+                                        float *D, int64_t ldd) {
+  float t[8 * 8] __attribute__((aligned(32)));
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    int n = (int)DG_MIN(rows - r0, 8);
+    for (int64_t c0 = 0; c0 < cols; c0 += 8) {
+      int kt = (int)DG_MIN(cols - c0, 8);
+      tr8(S + r0 * lds + c0, lds, n, kt, t, 8);
+      for (int q = 0; q < kt; q++)
+        _mm256_maskstore_ps(D + (c0 + q) * ldd + r0, lanes8(n), _mm256_load_ps(t + q * 8));
+    }
+  }
+}
+
+/* Plain loops for a CPU without AVX2 (never called: dg__sgemm_own_on is 0
+ * there): the contract, not the bits. */
+static void small_plain(int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                        int64_t ars, int64_t aks, const float *B, int64_t ldb, float beta,
+                        float *C, int64_t ldc) {
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; k++) acc += A[i * ars + k * aks] * B[k * ldb + j];
+      float *c = C + i * ldc + j;
+      *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+    }
+}
+
+static void transpose_plain(const float *S, int64_t lds, int64_t rows, int64_t cols, float *D,
+                            int64_t ldd) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) D[c * ldd + r] = S[r * lds + c];
+}
+
+void dg__sgemm_small(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t ars,
+                     int64_t aks, const float *B, int64_t ldb, float beta, float *C,
+                     int64_t ldc) {
+  int isa = kern_isa();
+  if (isa < DG_ISA_AVX2)
+    small_plain(M, N, K, alpha, A, ars, aks, B, ldb, beta, C, ldc);
+  else
+    small_run(isa == DG_ISA_AVX512 ? &g_s512 : &g_s256, M, N, K, alpha, A, ars, aks, B, ldb, beta,
+              C, ldc);
+}
+
+void dg__transpose(const float *S, int64_t lds, int64_t rows, int64_t cols, float *D,
+                   int64_t ldd) {
+  int isa = kern_isa();
+  (isa == DG_ISA_AVX512 ? transpose512 : isa == DG_ISA_AVX2 ? transpose256 : transpose_plain)(
+      S, lds, rows, cols, D, ldd);
+}
+
+int dg__sgemm_own_cpu(void) { return kern_isa() >= DG_ISA_AVX2; }
 
 #else /* no AVX-512 build: OpenBLAS or the plain loop */
 
@@ -593,8 +929,10 @@ int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
  * (tests/ckpt's resume tests caught it). So the CPU decides: AMD's AVX-512
  * cores, where OpenBLAS's kernels (written for Intel's two 512-bit FMA
  * ports) leave the most behind and where this kernel was measured faster;
- * OpenBLAS elsewhere. DG_GEMM=own|blas overrides; bench/gemm_own compares
- * the two on any CPU (BENCHMARKS.md). */
+ * OpenBLAS elsewhere (a Zen 3's AVX2 kernel measured level with it). Not
+ * DG_SIMD: a cap to AVX2 runs the AVX2 kernel, with the same bits.
+ * DG_GEMM=own|blas overrides (own: on any CPU with AVX2 and FMA);
+ * bench/gemm_own compares the two on any CPU (BENCHMARKS.md). */
 
 static int g_own;
 static pthread_once_t g_own_once = PTHREAD_ONCE_INIT;
@@ -607,7 +945,8 @@ static void own_decide(void) {
   }
   if (!dg__sgemm_own_cpu() || (e && !strcmp(e, "blas"))) return; /* g_own stays 0 */
 #if DG_HAVE_BLAS && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  g_own = (e && !strcmp(e, "own")) || __builtin_cpu_is("amd");
+  g_own = (e && !strcmp(e, "own")) ||
+          (__builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f"));
 #else
   g_own = 1; /* against the plain loop */
 #endif

@@ -1,4 +1,4 @@
-/* dgrad's own AVX-512 SGEMM (backends/cpu/gemm_own.c) against a double
+/* dgrad's own SGEMM (backends/cpu/gemm_own.c: AVX-512 and AVX2) against a double
  * reference, on every layout and on the edges of its tiles and passes:
  * M, N, K around MR = 8, the 16/32-column panels and the 16-deep transpose
  * blocks, K over one pass (512), strides past the matrix, alpha and beta.
@@ -9,7 +9,9 @@
  * kernel (DG_GEMM=own) gives 1 thread's bits on 2 threads, and
  * dg__sgemm_small (attention's unpacked products) against the reference,
  * and dg__sgemm_add's fused residual and bias against a fill of C.
- * Skipped (77) on a CPU without AVX-512F. */
+ * All of it on each of the kernel's ISAs the CPU has (AVX-512 and AVX2),
+ * and where it has both, the two compared bit for bit (test_isa_bits).
+ * Skipped (77) on a CPU without AVX2 and FMA. */
 #include <dgrad.h>
 #include <math.h>
 #include <stdint.h>
@@ -273,14 +275,87 @@ static void test_add(void) {
   fprintf(stderr, "add: %d cases\n", n);
 }
 
+/* The AVX2 kernel must give the AVX-512 kernel's bits (gemm_own.c): the
+ * same products, small products and transposes on each ISA, compared bit
+ * for bit: every layout, tile and panel edges, K over one and two passes,
+ * alpha and beta, the fused epilogue with NaNs in it, and x W^T shapes the
+ * AVX-512 kernel runs as their transpose. */
+static void test_isa_bits(void) {
+  static const int64_t shapes[][3] = {{70, 100, 700}, {13, 47, 1100}, {64, 96, 300},
+                                      {6, 16, 16},    {97, 33, 513},  {8, 200, 40}};
+  int n = 0;
+  for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+    for (int t = 0; t < 4; t++)
+      for (int what = 0; what < 20; what++) { /* 0..15 as test_add; 16..19 alpha, beta */
+        int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+        int ta = t & 1, tb = t >> 1, relu = what >> 2 & 1;
+        float alpha = what < 16 ? 1.0f : what & 1 ? -0.75f : 1.5f;
+        float beta = what < 18 ? 0.0f : 0.5f;
+        float *A = rnd_buf((size_t)(M * K)), *B = rnd_buf((size_t)(K * N));
+        float *C0 = rnd_buf((size_t)(M * N)), *C[2];
+        float *res = what < 16 && what & 1 ? rnd_buf((size_t)(M * N)) : NULL;
+        float *bias = what < 16 && what & 2 ? rnd_buf((size_t)N) : NULL;
+        float *mask = what < 16 && what & 8 ? rnd_buf((size_t)(M * N)) : NULL;
+        if (res) res[N + 3] = NAN;
+        if (mask) mask[M * N / 2] = NAN;
+        dg__gemm_epi e = {res, bias, mask, what < 16 && relu};
+        for (int isa = 0; isa < 2; isa++) {
+          dg__simd_force(isa ? DG_ISA_AVX512 : DG_ISA_AVX2);
+          C[isa] = malloc((size_t)(M * N) * sizeof(float));
+          REQUIRE(C[isa]);
+          memcpy(C[isa], C0, (size_t)(M * N) * sizeof(float));
+          CHECK_EQ_INT(dg__sgemm_own_add(ta, tb, M, N, K, alpha, A, ta ? M : K, B, tb ? K : N,
+                                         beta, what < 16 ? &e : NULL, C[isa], N), 0);
+        }
+        if (memcmp(C[0], C[1], (size_t)(M * N) * sizeof(float)))
+          fprintf(stderr, "isa bits: ta %d tb %d %lldx%lldx%lld case %d differ\n", ta, tb,
+                  (long long)M, (long long)N, (long long)K, what);
+        CHECK(!memcmp(C[0], C[1], (size_t)(M * N) * sizeof(float)));
+        free(A), free(B), free(C0), free(C[0]), free(C[1]), free(res), free(bias), free(mask);
+        n++;
+      }
+  for (int ta = 0; ta < 2; ta++) /* attention's small products and transposes */
+    for (int64_t M = 1; M <= 17; M += 8)
+      for (int64_t N = 7; N <= 40; N += 11) {
+        int64_t K = 33, lda = ta ? M : K;
+        float *A = rnd_buf((size_t)(M * K)), *B = rnd_buf((size_t)(K * N)), *C[2], *D[2];
+        for (int isa = 0; isa < 2; isa++) {
+          dg__simd_force(isa ? DG_ISA_AVX512 : DG_ISA_AVX2);
+          C[isa] = rnd_buf((size_t)(M * N)), D[isa] = malloc((size_t)(K * N) * sizeof(float));
+          REQUIRE(D[isa]);
+          dg__sgemm_small(M, N, K, 0.5f, A, ta ? 1 : lda, ta ? lda : 1, B, N, ta ? 0.75f : 0.0f,
+                          C[isa], N);
+          dg__transpose(B, N, K, N, D[isa], K);
+        }
+        CHECK(!memcmp(C[0], C[1], (size_t)(M * N) * sizeof(float)));
+        CHECK(!memcmp(D[0], D[1], (size_t)(K * N) * sizeof(float)));
+        for (int64_t i = 0; i < K * N; i++) CHECK(D[0][(i % N) * K + i / N] == B[i]);
+        free(A), free(B), free(C[0]), free(C[1]), free(D[0]), free(D[1]);
+        n++;
+      }
+  dg__simd_force(-1);
+  fprintf(stderr, "isa bits: %d cases\n", n);
+}
+
+/* The suite on the CPU's own ISA, and where that is AVX-512 also with the
+ * kernel capped at AVX2 (DG_SIMD=avx2 does the same for a process). */
 int main(void) {
-  if (!dg__sgemm_own_cpu()) TEST_SKIP("no AVX-512F on this CPU");
+  if (!dg__sgemm_own_cpu()) TEST_SKIP("no AVX2 and FMA on this CPU");
   setenv("DG_GEMM", "own", 1); /* before dg__sgemm's first call decides */
-  test_declines();
-  test_reference();
-  test_blocks();
-  test_threads();
-  test_small();
-  test_add();
+  int top = dg__simd_isa();
+  for (int isa = top; isa >= DG_ISA_AVX2; isa--) {
+    dg__simd_force(isa);
+    fprintf(stderr, "%s kernel\n", isa == DG_ISA_AVX512 ? "AVX-512" : "AVX2");
+    test_declines();
+    test_reference();
+    test_blocks();
+    test_threads();
+    test_small();
+    test_add();
+  }
+  if (top == DG_ISA_AVX512)
+    test_isa_bits();
+  else
+    fprintf(stderr, "isa bits: not run (no AVX-512 to compare with)\n");
   return TEST_DONE();
 }

@@ -6,7 +6,7 @@
  *    and char-GPT steps run give the bits of the same products not lent,
  *    with and without the fused residual and bias, and they were lent
  *    (the job count grew). Part 2 needs the own kernel (DG_GEMM=own pins
- *    it; on a CPU without AVX-512 it is skipped).
+ *    it; on a CPU without AVX2 and FMA it is skipped).
  * 3. Clearing the probe waits for a probe call in flight on another thread:
  *    the DDP frees the probe's state right after (a use after free before). */
 #include <dgrad.h>
