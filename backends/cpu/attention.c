@@ -49,6 +49,13 @@ DG_INLINE int32_t f_key(float x) {
   return b ^ ((b >> 31) & INT32_MAX);
 }
 DG_INLINE int32_t f_key_inv(int32_t k) { return k ^ ((k >> 31) & INT32_MAX); }
+/* f_key of 8 lanes (a macro: vectors are never parameters, cpu_impl.h). */
+typedef int32_t dg__v8i __attribute__((vector_size(32)));
+#define v8_key(v)                          \
+  __extension__({                          \
+    dg__v8i b_ = (dg__v8i)(v);             \
+    b_ ^ ((b_ >> 31) & INT32_MAX);         \
+  })
 
 /* Horizontal max of 16 lanes as a tree (vector halves), not a chain of 16
  * dependent scalar ops; sums use dg__lanes_sum16. */
@@ -80,27 +87,27 @@ DG_INLINE void softmax_rows_body(float *restrict S, int64_t r0, int64_t r1, int6
     for (j = n; j < nv; j++) s[j] = -INFINITY;
     /* max on order-preserving integer keys: gcc vectorises an integer
      * max, not a float one (NaN semantics) */
+    dg__v8i mx0 = {0}, mx1 = {0}; /* keys of lanes 0-7 and 8-15, in registers */
+    mx0 += INT32_MIN, mx1 += INT32_MIN;
+    for (j = 0; j < n16; j += 16) {
+      dg__v8i k0 = v8_key(DG_V8_LOAD(s + j)), k1 = v8_key(DG_V8_LOAD(s + j + 8));
+      dg__v8i g0 = k0 > mx0, g1 = k1 > mx1; /* -1 where greater */
+      mx0 = (k0 & g0) | (mx0 & ~g0), mx1 = (k1 & g1) | (mx1 & ~g1);
+    }
     int32_t mx[16];
-    for (int k = 0; k < 16; k++) mx[k] = INT32_MIN;
-    for (j = 0; j < n16; j += 16)
-      for (int k = 0; k < 16; k++) {
-        int32_t key = f_key(s[j + k]);
-        mx[k] = key > mx[k] ? key : mx[k];
-      }
+    memcpy(mx, &mx0, sizeof mx0), memcpy(mx + 8, &mx1, sizeof mx1);
     for (; j < nv; j++) mx[0] = f_key(s[j]) > mx[0] ? f_key(s[j]) : mx[0];
     float m = dg__bits_to_f(f_key_inv(lanes_max(mx)));
-    float acc[16] = {0};
-    for (j = 0; j < n16; j += 16)
-      for (int k = 0; k < 16; k++) {
-        float e = att_exp(s[j + k] - m);
-        s[j + k] = e;
-        acc[k] += e;
-      }
+    dg__v8 a0 = {0}, a1 = {0}; /* sums of lanes 0-7 and 8-15 */
+    for (j = 0; j < n16; j += 16) {
+      for (int k = 0; k < 16; k++) s[j + k] = att_exp(s[j + k] - m);
+      a0 += DG_V8_LOAD(s + j), a1 += DG_V8_LOAD(s + j + 8);
+    }
     for (; j < nv; j++) {
       s[j] = att_exp(s[j] - m);
-      acc[0] += s[j];
+      a0[0] += s[j];
     }
-    float inv = 1.0f / dg__lanes_sum16(acc);
+    float inv = 1.0f / DG_V8X2_SUM(a0, a1);
     for (j = 0; j < n16; j += 16)
       for (int k = 0; k < 16; k++) s[j + k] *= inv;
     for (; j < nv; j++) s[j] *= inv;
@@ -125,11 +132,13 @@ DG_INLINE void softmax_grad_rows_body(float *restrict D, const float *restrict P
     ROW_LENS(i, T, causal, n, nv, n16);
     (void)n;
     int64_t j;
-    float acc[16] = {0};
-    for (j = 0; j < n16; j += 16)
-      for (int k = 0; k < 16; k++) acc[k] += d[j + k] * p[j + k];
-    for (; j < nv; j++) acc[0] += d[j] * p[j];
-    float s = dg__lanes_sum16(acc);
+    dg__v8 a0 = {0}, a1 = {0}; /* lanes 0-7 and 8-15 */
+    for (j = 0; j < n16; j += 16) {
+      a0 += DG_V8_LOAD(d + j) * DG_V8_LOAD(p + j);
+      a1 += DG_V8_LOAD(d + j + 8) * DG_V8_LOAD(p + j + 8);
+    }
+    for (; j < nv; j++) a0[0] += d[j] * p[j];
+    float s = DG_V8X2_SUM(a0, a1);
     for (j = 0; j < n16; j += 16)
       for (int k = 0; k < 16; k++) d[j + k] = scale * p[j + k] * (d[j + k] - s);
     for (; j < nv; j++) d[j] = scale * p[j] * (d[j] - s);

@@ -146,6 +146,30 @@ void dg__simd_force(int isa);
 #define DG_GRAIN_MEM 32768
 #define DG_GRAIN_COMPUTE 8192
 
+/* 16 float lanes as two 8-lane values (GCC's vector extension: two AVX2
+ * registers, halves of AVX-512 ones, pairs of SSE ones): lane k of a sum is
+ * the same chain of adds as element k of a float[16] summed lane by lane,
+ * but kept in registers (GCC left such arrays on the stack in scalar code,
+ * and a 64-byte vector type on the stack under AVX2: a layernorm row of
+ * 128 took 4x its loads' time). Only locals: never a parameter or a return
+ * value (no ABI for them below AVX). */
+typedef float dg__v8 __attribute__((vector_size(32)));
+typedef float dg__v4 __attribute__((vector_size(16)));
+#define DG_V8_LOAD(p)            \
+  __extension__({                \
+    dg__v8 v_;                   \
+    memcpy(&v_, (p), sizeof v_); \
+    v_;                          \
+  })
+/* dg__lanes_sum16 of lanes lo (0-7) and hi (8-15): the same tree. */
+#define DG_V8X2_SUM(lo, hi)                                                                  \
+  __extension__({                                                                          \
+    dg__v8 h_ = (lo) + (hi);                                                               \
+    dg__v4 q_ = __builtin_shufflevector(h_, h_, 0, 1, 2, 3) +                              \
+                __builtin_shufflevector(h_, h_, 4, 5, 6, 7);                               \
+    (q_[0] + q_[2]) + (q_[1] + q_[3]);                                                     \
+  })
+
 /* Sum of 16 lanes as a tree of vector halves, not a chain of 16 dependent
  * scalar adds (the chain dominated short rows). Clobbers a. */
 DG_INLINE float dg__lanes_sum16(float *a) {
@@ -161,15 +185,13 @@ DG_INLINE double dg__sum_blocks(const float *restrict p, int64_t n) {
   double s = 0;
   int64_t i = 0;
   for (; i + 256 <= n; i += 256) {
-    float acc[16] = {0};
-    for (int64_t b = 0; b < 256; b += 16)
-      for (int k = 0; k < 16; k++) acc[k] += p[i + b + k];
-    s += dg__lanes_sum16(acc);
+    dg__v8 lo = {0}, hi = {0};
+    for (int64_t b = 0; b < 256; b += 16) lo += DG_V8_LOAD(p + i + b), hi += DG_V8_LOAD(p + i + b + 8);
+    s += DG_V8X2_SUM(lo, hi);
   }
-  float acc[16] = {0};
-  for (; i + 16 <= n; i += 16)
-    for (int k = 0; k < 16; k++) acc[k] += p[i + k];
-  s += dg__lanes_sum16(acc);
+  dg__v8 lo = {0}, hi = {0};
+  for (; i + 16 <= n; i += 16) lo += DG_V8_LOAD(p + i), hi += DG_V8_LOAD(p + i + 8);
+  s += DG_V8X2_SUM(lo, hi);
   for (; i < n; i++) s += p[i];
   return s;
 }

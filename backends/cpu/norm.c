@@ -29,6 +29,8 @@
 #define LN_BLOCK 256
 /* backward prefetches x this many rows ahead */
 #define LN_PF 8
+/* forward's passes go by this many rows */
+#define LN_ROWS 16
 
 /* Sums of (x - m)^2 and (x - m) over a row; the second is what the mean
  * was missing (m is only as good as a float sum of large values). */
@@ -37,17 +39,16 @@ DG_INLINE double sumsq_dev(const float *restrict x, float m, int64_t C, double *
   for (int64_t i0 = 0; i0 < C; i0 += LN_BLOCK) {
     int64_t i1 = DG_MIN(C, i0 + LN_BLOCK);
     float acc = 0, accd = 0;
-    float a16[16] = {0}, d16[16] = {0};
+    dg__v8 a0 = {0}, a1 = {0}, d0 = {0}, d1 = {0}; /* lanes 0-7 and 8-15 */
     int64_t i = i0;
-    for (; i + 16 <= i1; i += 16)
-      for (int k = 0; k < 16; k++) {
-        float d = x[i + k] - m;
-        a16[k] += d * d;
-        d16[k] += d;
-      }
+    for (; i + 16 <= i1; i += 16) {
+      dg__v8 e0 = DG_V8_LOAD(x + i) - m, e1 = DG_V8_LOAD(x + i + 8) - m;
+      a0 += e0 * e0, a1 += e1 * e1;
+      d0 += e0, d1 += e1;
+    }
     for (; i < i1; i++) acc += (x[i] - m) * (x[i] - m), accd += x[i] - m;
-    acc += dg__lanes_sum16(a16);
-    accd += dg__lanes_sum16(d16);
+    acc += DG_V8X2_SUM(a0, a1);
+    accd += DG_V8X2_SUM(d0, d1);
     s += acc, sd += accd;
   }
   *sdev = sd;
@@ -60,23 +61,35 @@ typedef dg__ln_args ln_job;
 DG_INLINE void ln_fwd_rows_body(const ln_job *j, int64_t r0, int64_t r1) {
   const int64_t C = j->C;
   const float *restrict w = j->w, *restrict b = j->b;
-  for (int64_t r = r0; r < r1; r++) {
-    const float *restrict xr = j->x + r * C;
-    float *restrict yr = j->y + r * C;
-    float m = (float)(dg__sum_blocks(xr, C) / (double)C);
-    /* dm: the exact mean minus m, from the deviations (small values, summed
-     * accurately); the variance about the exact mean follows from both sums */
-    double sd, ss = sumsq_dev(xr, m, C, &sd), dm = sd / (double)C, v = ss / (double)C - dm * dm;
-    float rs = (float)(1.0 / sqrt((v > 0 ? v : 0) + j->eps)), c = (float)dm;
-    j->mean[r] = m, j->rstd[r] = rs, j->corr[r] = c;
-    if (w && b)
-      for (int64_t i = 0; i < C; i++) yr[i] = ((xr[i] - m) - c) * rs * w[i] + b[i];
-    else if (w)
-      for (int64_t i = 0; i < C; i++) yr[i] = ((xr[i] - m) - c) * rs * w[i];
-    else if (b)
-      for (int64_t i = 0; i < C; i++) yr[i] = ((xr[i] - m) - c) * rs + b[i];
-    else
-      for (int64_t i = 0; i < C; i++) yr[i] = ((xr[i] - m) - c) * rs;
+  /* By LN_ROWS rows (in L1), in three passes: each row's sums are a chain
+   * of dependent adds, and short loop bodies let the core run the next
+   * rows' chains while one finishes (row by row, a row of 128 took twice
+   * as long). */
+  for (int64_t q0 = r0; q0 < r1; q0 += LN_ROWS) {
+    const int64_t q1 = DG_MIN(r1, q0 + LN_ROWS);
+    for (int64_t r = q0; r < q1; r++)
+      j->mean[r] = (float)(dg__sum_blocks(j->x + r * C, C) / (double)C);
+    for (int64_t r = q0; r < q1; r++) {
+      /* dm: the exact mean minus m, from the deviations (small values,
+       * summed accurately); the variance about the exact mean follows from
+       * both sums */
+      double sd, ss = sumsq_dev(j->x + r * C, j->mean[r], C, &sd), dm = sd / (double)C;
+      double v = ss / (double)C - dm * dm;
+      j->rstd[r] = (float)(1.0 / sqrt((v > 0 ? v : 0) + j->eps)), j->corr[r] = (float)dm;
+    }
+    for (int64_t r = q0; r < q1; r++) {
+      const float *restrict xr = j->x + r * C;
+      float *restrict yr = j->y + r * C;
+      const float m = j->mean[r], rs = j->rstd[r], c = j->corr[r];
+      if (w && b)
+        for (int64_t i = 0; i < C; i++) yr[i] = ((xr[i] - m) - c) * rs * w[i] + b[i];
+      else if (w)
+        for (int64_t i = 0; i < C; i++) yr[i] = ((xr[i] - m) - c) * rs * w[i];
+      else if (b)
+        for (int64_t i = 0; i < C; i++) yr[i] = ((xr[i] - m) - c) * rs + b[i];
+      else
+        for (int64_t i = 0; i < C; i++) yr[i] = ((xr[i] - m) - c) * rs;
+    }
   }
 }
 DG_SIMD_FN(ln_fwd_rows, (const ln_job *j, int64_t r0, int64_t r1), (j, r0, r1))
@@ -109,20 +122,22 @@ DG_INLINE void ln_bwd_rows_body(const ln_job *j, int64_t r0, int64_t r1) {
     double sg = 0, sgx = 0; /* sums of g and g * xhat */
     for (int64_t i0 = 0; i0 < C; i0 += LN_BLOCK) {
       int64_t i1 = DG_MIN(C, i0 + LN_BLOCK);
-      float a[16] = {0}, ax[16] = {0}, t = 0, tx = 0;
+      dg__v8 a0 = {0}, a1 = {0}, x0 = {0}, x1 = {0}; /* lanes 0-7 and 8-15 */
+      float t = 0, tx = 0;
       int64_t i = i0;
-      for (; i + 16 <= i1; i += 16)
-        for (int k = 0; k < 16; k++) {
-          float g = w ? gr[i + k] * w[i + k] : gr[i + k];
-          a[k] += g;
-          ax[k] += g * (((xr[i + k] - mu) - c) * rs);
-        }
+      for (; i + 16 <= i1; i += 16) {
+        dg__v8 g0 = DG_V8_LOAD(gr + i), g1 = DG_V8_LOAD(gr + i + 8);
+        if (w) g0 *= DG_V8_LOAD(w + i), g1 *= DG_V8_LOAD(w + i + 8);
+        a0 += g0, a1 += g1;
+        x0 += g0 * (((DG_V8_LOAD(xr + i) - mu) - c) * rs);
+        x1 += g1 * (((DG_V8_LOAD(xr + i + 8) - mu) - c) * rs);
+      }
       for (; i < i1; i++) {
         float g = w ? gr[i] * w[i] : gr[i];
         t += g;
         tx += g * (((xr[i] - mu) - c) * rs);
       }
-      t += dg__lanes_sum16(a), tx += dg__lanes_sum16(ax);
+      t += DG_V8X2_SUM(a0, a1), tx += DG_V8X2_SUM(x0, x1);
       sg += t, sgx += tx;
     }
     float mg = (float)(sg / (double)C), mgx = (float)(sgx / (double)C);
