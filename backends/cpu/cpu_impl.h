@@ -186,7 +186,8 @@ DG_INLINE double dg__sum_blocks(const float *restrict p, int64_t n) {
   int64_t i = 0;
   for (; i + 256 <= n; i += 256) {
     dg__v8 lo = {0}, hi = {0};
-    for (int64_t b = 0; b < 256; b += 16) lo += DG_V8_LOAD(p + i + b), hi += DG_V8_LOAD(p + i + b + 8);
+    for (int64_t b = 0; b < 256; b += 16)
+      lo += DG_V8_LOAD(p + i + b), hi += DG_V8_LOAD(p + i + b + 8);
     s += DG_V8X2_SUM(lo, hi);
   }
   dg__v8 lo = {0}, hi = {0};

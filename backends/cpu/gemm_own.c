@@ -406,8 +406,9 @@ typedef struct {
   tile_fn *tiles[2][2][2];
 } own_kern;
 
-static const own_kern g_k512 = {MR, NR, AG, pack_a, pack_b, {{{tile_pk1, tile_pk2}, {tile_ip1, tile_ip2}},
-                                {{tile_pk1_t, tile_pk2_t}, {tile_ip1_t, tile_ip2_t}}}};
+static const own_kern g_k512 = {MR, NR, AG, pack_a, pack_b,
+                                {{{tile_pk1, tile_pk2}, {tile_ip1, tile_ip2}},
+                                 {{tile_pk1_t, tile_pk2_t}, {tile_ip1_t, tile_ip2_t}}}};
 
 /* One pass (k0, kc) over columns j0..j0+nc: pack that B block once, then
  * each mr-row sliver of A against all its panels. A sliver of whole rows
@@ -488,7 +489,8 @@ int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
     int64_t kc = DG_MIN(K - k0, kcs);
     /* the B block fits B_BYTES; blocks of equal width, in whole panels */
     int64_t ncap = DG_MAX((int64_t)(B_BYTES / 4) / kc / kn->nr * kn->nr, kn->nr);
-    int64_t nblk = (N + ncap - 1) / ncap, ncs = ((N + nblk - 1) / nblk + kn->nr - 1) / kn->nr * kn->nr;
+    int64_t nblk = (N + ncap - 1) / ncap;
+    int64_t ncs = ((N + nblk - 1) / nblk + kn->nr - 1) / kn->nr * kn->nr;
     for (int64_t j0 = 0; j0 < N; j0 += ncs)
       own_block(kn, &j, buf, k0, kc, j0, DG_MIN(N - j0, ncs));
   }
