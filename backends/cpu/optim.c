@@ -58,13 +58,50 @@ DG_TARGET_AVX512 static void sgd_range_avx512(const dg__sgd_args *a, size_t lo, 
 #undef MUL
 #undef ADD
 #undef RN
+
+/* The same on AVX2, which has no rounding-mode intrinsics: each product
+ * goes through an empty asm so that it is rounded on its own and never
+ * contracted into the add after it (tests/optim/test_optim fails without
+ * the asm). Zen 3, MLP batch 64: the update's share of the step fell from
+ * 6.5% (the baseline loop) to 4.2% (`perf`); it waits on memory. */
+#define MUL(x, y)                                        \
+  __extension__({                                        \
+    __m256 p_ = _mm256_mul_ps(x, y);                     \
+    __asm__("" : "+x"(p_));                              \
+    p_;                                                  \
+  })
+DG_TARGET_AVX2 static void sgd_range_avx2(const dg__sgd_args *a, size_t lo, size_t hi) {
+  const __m256 lr = _mm256_set1_ps(a->lr), wd = _mm256_set1_ps(a->weight_decay);
+  const __m256 mom = _mm256_set1_ps(a->momentum), damp = _mm256_set1_ps(1.0f - a->dampening);
+  const int plain = a->momentum == 0.0f, first = a->first, nest = a->nesterov;
+  float *w = a->w, *buf = a->buf;
+  const float *g = a->g;
+  for (size_t j = lo; j + 8 <= hi; j += 8) { /* whole vectors: the caller does the rest */
+    __m256 x = _mm256_loadu_ps(w + j);
+    __m256 d = _mm256_add_ps(_mm256_loadu_ps(g + j), MUL(wd, x)); /* g + wd w */
+    __m256 u = d;
+    if (!plain) {
+      __m256 b = first ? d
+                       : _mm256_add_ps(MUL(_mm256_loadu_ps(buf + j), mom), MUL(damp, d));
+      _mm256_storeu_ps(buf + j, b);
+      u = nest ? _mm256_add_ps(d, MUL(mom, b)) : b;
+    }
+    _mm256_storeu_ps(w + j, _mm256_sub_ps(x, MUL(lr, u)));
+  }
+}
+#undef MUL
 #endif
 
 static void sgd_range(const dg__sgd_args *a, size_t lo, size_t hi) {
 #ifdef DG_TARGET_AVX512
-  if (dg__simd_isa() == DG_ISA_AVX512) {
+  int isa = dg__simd_isa();
+  if (isa == DG_ISA_AVX512) {
     sgd_range_avx512(a, lo, hi);
     return;
+  }
+  if (isa == DG_ISA_AVX2 && hi - lo >= 8) {
+    sgd_range_avx2(a, lo, hi);
+    lo += (hi - lo) / 8 * 8; /* the tail below, the baseline's loop */
   }
 #endif
   float *w = a->w, *buf = a->buf;

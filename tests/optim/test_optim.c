@@ -341,9 +341,9 @@ static void test_lars_exclusion(void) {
 }
 
 /* SGD gives the same bits on every ISA level (backends/cpu/optim.c: the
- * 512-bit form rounds each multiply and add as the baseline loop does):
- * three steps of each form of the update on parameters of odd lengths (the
- * masked tail), baseline against the best level this CPU has. */
+ * 512-bit and AVX2 forms round each multiply and add as the baseline loop
+ * does): three steps of each form of the update on parameters of odd
+ * lengths (the tail), baseline against each level this CPU has. */
 static float *sgd_run(const dg_sgd_opts *op, int isa, size_t *n) {
   dg__simd_force(isa);
   dg_params *ps;
@@ -379,18 +379,19 @@ static void test_sgd_isa_bits(void) {
                                {0.05f, 0.9f, 0, 1, 0.01f}};
   if (dg__simd_isa() == DG_ISA_BASE)
     printf("# test_sgd_isa_bits: this CPU has only the baseline level; nothing to compare\n");
-  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    size_t n = 0, n2 = 0;
-    float *base = sgd_run(&cases[c], DG_ISA_BASE, &n), *best = sgd_run(&cases[c], -1, &n2);
-    CHECK_EQ_INT((int)n, (int)n2);
-    size_t bad = 0;
-    for (size_t j = 0; j < n; j++)
-      if (memcmp(&base[j], &best[j], sizeof(float)) && bad++ < 3)
-        T_FAIL_("sgd case %zu float %zu: baseline %.9g, isa %d %.9g", c, j, base[j],
-                dg__simd_isa(), best[j]);
-    CHECK_EQ_INT((int)bad, 0);
-    free(base), free(best);
-  }
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+    for (int isa = dg__simd_isa(); isa > DG_ISA_BASE; isa--) { /* each level the CPU has */
+      size_t n = 0, n2 = 0;
+      float *base = sgd_run(&cases[c], DG_ISA_BASE, &n), *best = sgd_run(&cases[c], isa, &n2);
+      CHECK_EQ_INT((int)n, (int)n2);
+      size_t bad = 0;
+      for (size_t j = 0; j < n; j++)
+        if (memcmp(&base[j], &best[j], sizeof(float)) && bad++ < 3)
+          T_FAIL_("sgd case %zu float %zu: baseline %.9g, isa %d %.9g", c, j, base[j], isa,
+                  best[j]);
+      CHECK_EQ_INT((int)bad, 0);
+      free(base), free(best);
+    }
 }
 
 int main(int argc, char **argv) {
