@@ -58,7 +58,7 @@ typedef int32_t dg__v8i __attribute__((vector_size(32)));
   })
 
 /* Horizontal max of 16 lanes as a tree (vector halves), not a chain of 16
- * dependent scalar ops; sums use dg__lanes_sum16. */
+ * dependent scalar ops; sums use DG_V8X2_SUM. */
 DG_INLINE int32_t lanes_max(int32_t *a) {
   for (int k = 0; k < 8; k++) a[k] = a[k + 8] > a[k] ? a[k + 8] : a[k];
   for (int k = 0; k < 4; k++) a[k] = a[k + 4] > a[k] ? a[k + 4] : a[k];

@@ -161,7 +161,9 @@ typedef float dg__v4 __attribute__((vector_size(16)));
     memcpy(&v_, (p), sizeof v_); \
     v_;                          \
   })
-/* dg__lanes_sum16 of lanes lo (0-7) and hi (8-15): the same tree. */
+/* The sum of 16 lanes, lo (0-7) and hi (8-15), as a tree of vector halves,
+ * not a chain of 16 dependent scalar adds (the chain dominated short
+ * rows). */
 #define DG_V8X2_SUM(lo, hi)                                                                  \
   __extension__({                                                                          \
     dg__v8 h_ = (lo) + (hi);                                                               \
@@ -169,15 +171,6 @@ typedef float dg__v4 __attribute__((vector_size(16)));
                 __builtin_shufflevector(h_, h_, 4, 5, 6, 7);                               \
     (q_[0] + q_[2]) + (q_[1] + q_[3]);                                                     \
   })
-
-/* Sum of 16 lanes as a tree of vector halves, not a chain of 16 dependent
- * scalar adds (the chain dominated short rows). Clobbers a. */
-DG_INLINE float dg__lanes_sum16(float *a) {
-  for (int k = 0; k < 8; k++) a[k] += a[k + 8];
-  for (int k = 0; k < 4; k++) a[k] += a[k + 4];
-  for (int k = 0; k < 2; k++) a[k] += a[k + 2];
-  return a[0] + a[1];
-}
 
 /* Float sum of p (n) in 16 vector lanes, folded into double every 256
  * elements: vector speed, error bounded by the block length. */

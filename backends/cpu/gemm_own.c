@@ -30,6 +30,27 @@
 #include "backends/cpu/cpu_impl.h"
 #include "base/common_impl.h"
 
+/* dg__sgemm_small and dg__transpose as plain loops, for a CPU or build
+ * without AVX2 (never called there: dg__sgemm_own_on is 0): the contract,
+ * not the bits. */
+static void small_plain(int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                        int64_t ars, int64_t aks, const float *B, int64_t ldb, float beta,
+                        float *C, int64_t ldc) {
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; k++) acc += A[i * ars + k * aks] * B[k * ldb + j];
+      float *c = C + i * ldc + j;
+      *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+    }
+}
+
+static void transpose_plain(const float *S, int64_t lds, int64_t rows, int64_t cols, float *D,
+                            int64_t ldd) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) D[c * ldd + r] = S[r * lds + c];
+}
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 
@@ -839,26 +860,6 @@ DG_TARGET_AVX2 static void transpose256(const float *S, int64_t lds, int64_t row
   }
 }
 
-/* Plain loops for a CPU without AVX2 (never called: dg__sgemm_own_on is 0
- * there): the contract, not the bits. */
-static void small_plain(int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                        int64_t ars, int64_t aks, const float *B, int64_t ldb, float beta,
-                        float *C, int64_t ldc) {
-  for (int64_t i = 0; i < M; i++)
-    for (int64_t j = 0; j < N; j++) {
-      float acc = 0.0f;
-      for (int64_t k = 0; k < K; k++) acc += A[i * ars + k * aks] * B[k * ldb + j];
-      float *c = C + i * ldc + j;
-      *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
-    }
-}
-
-static void transpose_plain(const float *S, int64_t lds, int64_t rows, int64_t cols, float *D,
-                            int64_t ldd) {
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) D[c * ldd + r] = S[r * lds + c];
-}
-
 void dg__sgemm_small(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t ars,
                      int64_t aks, const float *B, int64_t ldb, float beta, float *C,
                      int64_t ldc) {
@@ -879,7 +880,7 @@ void dg__transpose(const float *S, int64_t lds, int64_t rows, int64_t cols, floa
 
 int dg__sgemm_own_cpu(void) { return kern_isa() >= DG_ISA_AVX2; }
 
-#else /* no AVX-512 build: OpenBLAS or the plain loop */
+#else /* no x86-64 gcc build: OpenBLAS or the plain loop */
 
 int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
@@ -891,24 +892,15 @@ int dg__sgemm_own_add(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
 
 int dg__sgemm_own_cpu(void) { return 0; }
 
-/* Never called here (dg__sgemm_own_on is 0); plain loops that honour the
- * contract all the same. */
 void dg__sgemm_small(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t ars,
                      int64_t aks, const float *B, int64_t ldb, float beta, float *C,
                      int64_t ldc) {
-  for (int64_t i = 0; i < M; i++)
-    for (int64_t j = 0; j < N; j++) {
-      float acc = 0.0f;
-      for (int64_t k = 0; k < K; k++) acc += A[i * ars + k * aks] * B[k * ldb + j];
-      float *c = C + i * ldc + j;
-      *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
-    }
+  small_plain(M, N, K, alpha, A, ars, aks, B, ldb, beta, C, ldc);
 }
 
 void dg__transpose(const float *S, int64_t lds, int64_t rows, int64_t cols, float *D,
                    int64_t ldd) {
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) D[c * ldd + r] = S[r * lds + c];
+  transpose_plain(S, lds, rows, cols, D, ldd);
 }
 
 void dg__sgemm_own_reserve(int n) { (void)n; }

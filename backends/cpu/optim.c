@@ -12,7 +12,7 @@
 
 /* ---- SGD ---- */
 
-#ifdef DG_TARGET_AVX512 /* cpu_impl.h: the build has the AVX-512 target */
+#ifdef DG_TARGET_AVX512 /* cpu_impl.h: the build has the AVX-512 and AVX2 targets */
 #include <immintrin.h>
 
 /* The baseline build's update (below) rounds every multiply and add on its
