@@ -76,11 +76,16 @@ void dg__sgemm_own_reserve(int n);
 int dg__sgemm_own_fits(int64_t M, int64_t N, int64_t K);
 /* Whether this process uses it at all (the CPU's choice, as above). */
 int dg__sgemm_own_on(void);
+/* Whether attention's per-head products run on dg__sgemm_small: where the
+ * own kernel is on, and on every AMD CPU with AVX2 (a Zen 3 ran them 1.6x
+ * faster than OpenBLAS's small-matrix paths); DG_GEMM=blas turns it off. */
+int dg__sgemm_small_on(void);
 /* C (M, N) = alpha * sum_k A(i, k) B(k, j) + beta * C (beta 0: C not read),
  * A(i, k) = A[i * ars + k * aks] (either operand layout), B row-major:
  * nothing packed, for operands already in L1 or L2 (attention's per-head
- * products). Each element is one FMA chain over k in order. Only where
- * dg__sgemm_own_on (elsewhere a plain loop). */
+ * products). Each element is one FMA chain over k in order. On AVX2 or
+ * AVX-512 (elsewhere a plain loop); attention takes it where
+ * dg__sgemm_small_on. */
 void dg__sgemm_small(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t ars,
                      int64_t aks, const float *B, int64_t ldb, float beta, float *C,
                      int64_t ldc);

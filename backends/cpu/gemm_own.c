@@ -928,7 +928,7 @@ int dg__sgemm_own(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
  * DG_GEMM=own|blas overrides (own: on any CPU with AVX2 and FMA);
  * bench/gemm_own compares the two on any CPU (BENCHMARKS.md). */
 
-static int g_own;
+static int g_own, g_small;
 static pthread_once_t g_own_once = PTHREAD_ONCE_INIT;
 
 static void own_decide(void) {
@@ -941,14 +941,20 @@ static void own_decide(void) {
 #if DG_HAVE_BLAS && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   g_own = (e && !strcmp(e, "own")) ||
           (__builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f"));
+  g_small = g_own || __builtin_cpu_is("amd");
 #else
-  g_own = 1; /* against the plain loop */
+  g_own = g_small = 1; /* against the plain loop */
 #endif
 }
 
 int dg__sgemm_own_on(void) {
   pthread_once(&g_own_once, own_decide);
   return g_own;
+}
+
+int dg__sgemm_small_on(void) {
+  pthread_once(&g_own_once, own_decide);
+  return g_small;
 }
 
 int dg__sgemm_own_fits(int64_t M, int64_t N, int64_t K) {
