@@ -337,6 +337,32 @@ static void test_isa_bits(void) {
   fprintf(stderr, "isa bits: %d cases\n", n);
 }
 
+/* dg__transpose on every edge: whole 8x8 blocks (plain loads and stores)
+ * and partial ones on either side (masked), at padded strides; nothing
+ * past the columns of D is written. */
+static void test_transpose(void) {
+  static const int64_t dims[] = {1, 7, 8, 9, 16, 33};
+  int n = 0;
+  for (size_t ri = 0; ri < sizeof dims / sizeof *dims; ri++)
+    for (size_t ci = 0; ci < sizeof dims / sizeof *dims; ci++) {
+      int64_t rows = dims[ri], cols = dims[ci], lds = cols + 3, ldd = rows + 5;
+      float *S = rnd_buf((size_t)(rows * lds)), *D = malloc((size_t)(cols * ldd) * sizeof *D);
+      REQUIRE(D);
+      for (int64_t i = 0; i < cols * ldd; i++) D[i] = -7.0f;
+      dg__transpose(S, lds, rows, cols, D, ldd);
+      int bad = 0;
+      for (int64_t c = 0; c < cols; c++)
+        for (int64_t r = 0; r < ldd; r++)
+          bad += D[c * ldd + r] != (r < rows ? S[r * lds + c] : -7.0f);
+      if (bad) fprintf(stderr, "transpose %lldx%lld: %d bad\n", (long long)rows,
+                       (long long)cols, bad);
+      CHECK_EQ_INT(bad, 0);
+      free(S), free(D);
+      n++;
+    }
+  fprintf(stderr, "transpose: %d shapes\n", n);
+}
+
 /* The suite on the CPU's own ISA, and where that is AVX-512 also with the
  * kernel capped at AVX2 (DG_SIMD=avx2 does the same for a process). */
 int main(void) {
@@ -351,6 +377,7 @@ int main(void) {
     test_blocks();
     test_threads();
     test_small();
+    test_transpose();
     test_add();
   }
   if (top == DG_ISA_AVX512)
