@@ -31,8 +31,8 @@
 #include "base/common_impl.h"
 
 /* dg__sgemm_small and dg__transpose as plain loops, for a CPU or build
- * without AVX2 (never called there: dg__sgemm_own_on is 0): the contract,
- * not the bits. */
+ * without AVX2 (never called there: dg__sgemm_own_on and
+ * dg__sgemm_small_on are 0): the contract, not the bits. */
 static void small_plain(int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                         int64_t ars, int64_t aks, const float *B, int64_t ldb, float beta,
                         float *C, int64_t ldc) {
@@ -640,13 +640,10 @@ DG_TARGET_AVX2 DG_INLINE void tr8(const float *s, int64_t ld, int n, int kt, flo
                                   int64_t ldd) {
   __m256 r[8], t[8];
   __m256i km = lanes8(kt);
-  if (kt == 8) { /* plain loads where whole: the common case */
-    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)
-      r[c] = c < n ? _mm256_loadu_ps(s + c * ld) : _mm256_setzero_ps();
-  } else {
-    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)
-      r[c] = c < n ? _mm256_maskload_ps(s + c * ld, km) : _mm256_setzero_ps();
-  }
+  _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) /* plain loads where whole */
+    r[c] = c >= n     ? _mm256_setzero_ps()
+           : kt == 8 ? _mm256_loadu_ps(s + c * ld)
+                     : _mm256_maskload_ps(s + c * ld, km);
   _Pragma("GCC unroll 8") for (int c = 0; c < 8; c += 2) {
     t[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
     t[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
@@ -859,12 +856,11 @@ DG_TARGET_AVX2 static void transpose256(const float *S, int64_t lds, int64_t row
     for (int64_t c0 = 0; c0 < cols; c0 += 8) {
       int kt = (int)DG_MIN(cols - c0, 8);
       tr8(S + r0 * lds + c0, lds, n, kt, t, 8);
-      if (n == 8) /* a masked store costs a Zen 3 several times a plain one */
-        for (int q = 0; q < kt; q++)
-          _mm256_storeu_ps(D + (c0 + q) * ldd + r0, _mm256_load_ps(t + q * 8));
-      else
-        for (int q = 0; q < kt; q++)
-          _mm256_maskstore_ps(D + (c0 + q) * ldd + r0, lanes8(n), _mm256_load_ps(t + q * 8));
+      for (int q = 0; q < kt; q++) { /* a Zen 3 runs a masked store several times slower */
+        float *d = D + (c0 + q) * ldd + r0;
+        if (n == 8) _mm256_storeu_ps(d, _mm256_load_ps(t + q * 8));
+        else _mm256_maskstore_ps(d, lanes8(n), _mm256_load_ps(t + q * 8));
+      }
     }
   }
 }
