@@ -230,6 +230,10 @@ int main(void) {
       {2, 3, 5, 6, 4, 3, 3, 1, 0, 1, 0}, {2, 3, 7, 6, 4, 3, 2, 2, 1, 0, 0},
       {3, 1, 9, 8, 5, 3, 3, 3, 2, 1, 0}, {1, 4, 6, 5, 3, 1, 1, 1, 0, 1, 0},
       {2, 8, 11, 10, 6, 5, 3, 2, 2, 1, 0}, {4, 32, 14, 14, 16, 3, 3, 1, 1, 1, 0},
+      /* stride 1 with OW == W (im2col's flat copy): 5x5 pad 2 on a wide
+       * plane, 1x3 and 5x3 pad 1 (rows of padding above and below) */
+      {2, 2, 5, 9, 3, 5, 5, 1, 2, 1, 0}, {1, 2, 4, 6, 2, 1, 3, 1, 1, 1, 0},
+      {2, 3, 7, 5, 2, 5, 3, 1, 1, 0, 0}, {1, 1, 1, 3, 2, 3, 3, 1, 1, 1, 0},
   };
   for (size_t i = 0; i < sizeof fwd / sizeof fwd[0]; i++) check_forward(&fwd[i]);
   /* N, C, H, W, O, KH, KW, stride, pad, bias, tview */
