@@ -34,38 +34,94 @@ static void ow_range(const dg__conv_geom *g, int64_t kw, int64_t *lo, int64_t *h
   *lo = l, *hi = h;
 }
 
-/* One row of col for kernel tap (kh, kw) of channel plane xc (H, W) at
- * stride 1 where OW == W (a "same" convolution): output row oh reads input
- * row oh + kh - p shifted by kw - p, so the valid rows are one flat copy of
- * the plane (from the first valid column to the last), and the columns that
- * read padding, which that copy filled from the neighbouring rows, are
- * zeroed after it. One memcpy of up to H*W floats instead of one per row
- * (rows of 14-28 floats spent more in the call than in the copy). */
-static void im2col_same(const dg__conv_geom *g, const float *restrict xc, int64_t kh,
-                        int64_t kw, float *restrict row) {
-  const int64_t OW = g->OW, OH = g->OH, W = g->W;
-  int64_t lo, hi;
-  ow_range(g, kw, &lo, &hi);
-  int64_t oh0 = DG_MAX(g->p - kh, (int64_t)0), oh1 = DG_MIN(g->H + g->p - kh, OH);
-  if (oh1 <= oh0 || hi <= lo) {
-    memset(row, 0, (size_t)(OH * OW) * sizeof(float));
+/* Unaligned 8-float moves: a block of floats copied or cleared without a
+ * call to memcpy or memset (gcc turns plain loops into those calls, and
+ * for the 1-28 floats moved here the call cost more than the move; the
+ * empty asm hides the loop's step from that rewrite). */
+typedef float v8u __attribute__((vector_size(32), may_alias, aligned(4)));
+
+DG_INLINE void copy_floats(float *restrict d, const float *restrict s, int64_t n) {
+  if (n < 8) {
+    for (int64_t i = 0; i < n; i++) {
+      __asm__("" : "+r"(i));
+      d[i] = s[i];
+    }
     return;
   }
-  int64_t first = oh0 * OW + lo, last = (oh1 - 1) * OW + hi; /* [first, last) of row */
-  memcpy(row + first, xc + (oh0 + kh - g->p) * W + lo + kw - g->p,
-         (size_t)(last - first) * sizeof(float));
-  memset(row, 0, (size_t)first * sizeof(float));
-  memset(row + last, 0, (size_t)(OH * OW - last) * sizeof(float));
+  for (int64_t i = 0; i + 8 <= n; i += 8) {
+    __asm__("" : "+r"(i));
+    *(v8u *)(d + i) = *(const v8u *)(s + i);
+  }
+  *(v8u *)(d + n - 8) = *(const v8u *)(s + n - 8); /* the tail, overlapping */
+}
+
+DG_INLINE void fill_floats(float *d, float v, int64_t n) {
+  const v8u z = {v, v, v, v, v, v, v, v};
+  if (n < 8) {
+    for (int64_t i = 0; i < n; i++) {
+      __asm__("" : "+r"(i));
+      d[i] = v;
+    }
+    return;
+  }
+  for (int64_t i = 0; i + 8 <= n; i += 8) {
+    __asm__("" : "+r"(i));
+    *(v8u *)(d + i) = z;
+  }
+  *(v8u *)(d + n - 8) = z;
+}
+
+/* Where the plane's tap (kh, kw) lands in row (OH, OW) of col at stride 1
+ * with OW == W (a "same" convolution): output row oh reads input row oh +
+ * kh - p shifted by kw - p, so rows [*oh0, *oh1) read the plane, as one
+ * flat run [*first, *last) of the row from input element *src; columns
+ * [0, lo) and [hi, OW) of those rows read padding. 0: no element does. */
+DG_INLINE int same_run(const dg__conv_geom *g, int64_t kh, int64_t kw, int64_t *oh0,
+                       int64_t *oh1, int64_t *lo, int64_t *hi, int64_t *first, int64_t *last,
+                       int64_t *src) {
+  ow_range(g, kw, lo, hi);
+  *oh0 = DG_MAX(g->p - kh, (int64_t)0), *oh1 = DG_MIN(g->H + g->p - kh, g->OH);
+  if (*oh1 <= *oh0 || *hi <= *lo) return 0;
+  *first = *oh0 * g->OW + *lo, *last = (*oh1 - 1) * g->OW + *hi;
+  *src = (*oh0 + kh - g->p) * g->W + *lo + kw - g->p;
+  return 1;
+}
+
+/* row (., OW): columns [0, lo) and [hi, OW) of rows [oh0, oh1) = v (a
+ * padding column or two: stores, not a memset call per row). */
+DG_INLINE void fill_edges(float *row, int64_t oh0, int64_t oh1, int64_t lo, int64_t hi,
+                          int64_t OW, float v) {
   for (int64_t oh = oh0; oh < oh1; oh++) {
-    for (int64_t ow = 0; ow < lo; ow++) row[oh * OW + ow] = 0.0f;
-    for (int64_t ow = hi; ow < OW; ow++) row[oh * OW + ow] = 0.0f;
+    fill_floats(row + oh * OW, v, lo);
+    fill_floats(row + oh * OW + hi, v, OW - hi);
   }
 }
 
+DG_INLINE int is_same(const dg__conv_geom *g) { return g->s == 1 && g->OW == g->W; }
+
+/* One row of col for tap (kh, kw) of channel plane xc (H, W) of a "same"
+ * convolution: one flat copy of the run (rows of 14-28 floats one at a
+ * time spent more in the loop's overhead than in the copy), then the
+ * padding columns, which it filled from the neighbouring rows, zeroed. */
+DG_INLINE void im2col_same(const dg__conv_geom *g, const float *restrict xc, int64_t kh,
+                           int64_t kw, float *restrict row) {
+  const int64_t OW = g->OW, L = g->OH * OW;
+  int64_t oh0, oh1, lo, hi, first, last, src;
+  if (!same_run(g, kh, kw, &oh0, &oh1, &lo, &hi, &first, &last, &src)) {
+    fill_floats(row, 0.0f, L);
+    return;
+  }
+  copy_floats(row + first, xc + src, last - first);
+  fill_floats(row, 0.0f, first);
+  fill_floats(row + last, 0.0f, L - last);
+  fill_edges(row, oh0, oh1, lo, hi, OW, 0.0f);
+}
+
 /* col (C*KH*KW, OH*OW) from one image x (C, H, W); padding reads as zero. */
-static void im2col(const dg__conv_geom *g, const float *restrict x, float *restrict col) {
+DG_INLINE void im2col_body(const dg__conv_geom *g, const float *restrict x,
+                           float *restrict col) {
   const int64_t OW = g->OW, L = g->OH * OW, s = g->s;
-  const int same = s == 1 && OW == g->W;
+  const int same = is_same(g);
   for (int64_t c = 0; c < g->C; c++)
     for (int64_t kh = 0; kh < g->KH; kh++)
       for (int64_t kw = 0; kw < g->KW; kw++) {
@@ -80,31 +136,44 @@ static void im2col(const dg__conv_geom *g, const float *restrict x, float *restr
           float *restrict d = row + oh * OW; /* (OW) */
           int64_t ih = oh * s - g->p + kh;
           if (ih < 0 || ih >= g->H) {
-            memset(d, 0, (size_t)OW * sizeof(float));
+            fill_floats(d, 0.0f, OW);
             continue;
           }
           const float *restrict src = x + (c * g->H + ih) * g->W + kw - g->p; /* col ow*s */
           for (int64_t ow = 0; ow < lo; ow++) d[ow] = 0.0f;
           if (s == 1)
-            for (int64_t ow = lo; ow < hi; ow++) d[ow] = src[ow];
+            copy_floats(d + lo, src + lo, hi - lo);
           else
             for (int64_t ow = lo; ow < hi; ow++) d[ow] = src[ow * s];
           for (int64_t ow = hi; ow < OW; ow++) d[ow] = 0.0f;
         }
       }
 }
+DG_SIMD_FN(im2col, (const dg__conv_geom *g, const float *x, float *col), (g, x, col))
 
 /* dx (C, H, W) += col2im(dcol (C*KH*KW, OH*OW)); padding taps are dropped.
- * Compiled per SIMD level: rows of 14-28 floats ran as SSE loops (each sum
- * is one add per element, so every level gives the same bits). */
-DG_INLINE void col2im_add_body(const dg__conv_geom *g, const float *restrict dcol,
+ * A "same" convolution's tap adds its run flat, as im2col copied it, after
+ * setting dcol's padding columns (scratch) to -0: x + -0 is x for every x
+ * (also -0 and NaN), so the elements they land on keep their bits, and
+ * every element gets the same adds in the same order as row by row.
+ * Compiled per SIMD level (one add per element: the same bits on each). */
+DG_INLINE void col2im_add_body(const dg__conv_geom *g, float *restrict dcol,
                                float *restrict dx) {
   const int64_t OW = g->OW, L = g->OH * OW, s = g->s;
+  const int same = is_same(g);
   for (int64_t c = 0; c < g->C; c++)
     for (int64_t kh = 0; kh < g->KH; kh++)
       for (int64_t kw = 0; kw < g->KW; kw++) {
-        const float *restrict row = dcol + ((c * g->KH + kh) * g->KW + kw) * L; /* (OH, OW) */
-        int64_t lo, hi;
+        float *restrict row = dcol + ((c * g->KH + kh) * g->KW + kw) * L; /* (OH, OW) */
+        int64_t oh0, oh1, lo, hi, first, last, src;
+        if (same) {
+          if (!same_run(g, kh, kw, &oh0, &oh1, &lo, &hi, &first, &last, &src)) continue;
+          fill_edges(row, oh0, oh1, lo, hi, OW, -0.0f);
+          float *restrict dst = dx + c * g->H * g->W + src;
+          const float *restrict d = row + first;
+          for (int64_t i = 0; i < last - first; i++) dst[i] += d[i];
+          continue;
+        }
         ow_range(g, kw, &lo, &hi);
         for (int64_t oh = 0; oh < g->OH; oh++) {
           int64_t ih = oh * s - g->p + kh;
@@ -118,7 +187,7 @@ DG_INLINE void col2im_add_body(const dg__conv_geom *g, const float *restrict dco
         }
       }
 }
-DG_SIMD_FN(col2im_add, (const dg__conv_geom *g, const float *dcol, float *dx), (g, dcol, dx))
+DG_SIMD_FN(col2im_add, (const dg__conv_geom *g, float *dcol, float *dx), (g, dcol, dx))
 
 /* Sum of p[0..n) in float lanes (vectorisable) folded into double. */
 static double row_sum(const float *restrict p, int64_t n) {
