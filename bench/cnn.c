@@ -7,12 +7,22 @@
  * a fixed random batch and fixed random labels. bench/cnn_torch.py does the
  * same work in PyTorch; bench/run_cnn.py runs both interleaved.
  *
- *   cnn [--batch N] [--threads T] [--steps S] [--warmup W]
+ *   cnn [--batch N] [--threads T] [--steps S] [--warmup W] [--max-seconds X]
+ *       [--no-roofline]
  *
  * Prints one JSON line:
  *   {"impl":"dgrad","model":"cnn","batch":..,"threads":..,"steps":..,
- *    "steps_per_s":..,"peak_rss_mib":..,"heap_allocs_per_step":..,
- *    "heap_frees_per_step":..,"loss":..}
+ *    "steps_per_s":..,"cpu_ms_per_step":..,"peak_rss_mib":..,"heap_allocs_per_step":..,
+ *    "heap_frees_per_step":..,"loss":..,"gemm_gflop_per_step":..,"sgemm_gflops":..,
+ *    "step_gflops":..,"roofline_pct":..}
+ *
+ * The roofline (roofline.h): before the warmup, OpenBLAS sgemm is timed on
+ * this step's GEMMs as the CPU backend runs them (per image: each conv's
+ * forward, weight gradient and, for the second, input gradient; the linear
+ * layers' as in bench/mlp.c) for --threads threads; roofline_pct is their
+ * time as a share of the step's (null without OpenBLAS or with
+ * --no-roofline). --max-seconds stops the timed loop early once X seconds
+ * have passed (the line reports the steps actually run).
  *
  * Heap allocations are counted by interposing malloc & co. in this binary
  * (as bench/mlp.c does): every call, from dgrad, OpenBLAS or libc, counts.
@@ -29,6 +39,7 @@
 
 #include "alloc_count.h"
 #include "bench_util.h"
+#include "roofline.h"
 
 
 /* ---- model ---- */
@@ -78,6 +89,18 @@ static float step(dg_ctx *ctx, dg_module *net, dg_params *ps, dg_optim *opt, flo
 
 /* ---- driver ---- */
 
+/* The step's GEMMs: conv 1->32 on 28x28 (its input needs no gradient),
+ * conv 32->64 on 14x14, linear 3136->128 and 128->10. */
+static int cnn_roofline(long batch, int threads, rl_result *out) {
+  rl_gemm g[12];
+  int n = 0;
+  rl_conv(g, &n, batch, 1, 28, 28, 32, 3, 1, 1, 0);
+  rl_conv(g, &n, batch, 32, 14, 14, 64, 3, 1, 1, 1);
+  rl_linear(g, &n, batch, 3136, 128, 1);
+  rl_linear(g, &n, batch, 128, 10, 1);
+  return roofline_measure(g, n, threads, 40.0, out);
+}
+
 
 
 static void synth_batch(float *x, int64_t *y, long batch) {
@@ -91,14 +114,20 @@ static void synth_batch(float *x, int64_t *y, long batch) {
 }
 
 int main(int argc, char **argv) {
-  long batch = 64, threads = 1, steps = 50, warmup = 5;
+  long batch = 64, threads = 1, steps = 50, warmup = 5, max_s = 0;
+  int roofline = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batch")) batch = arg_long(argc, argv, &i, 0);
     else if (!strcmp(argv[i], "--threads")) threads = arg_long(argc, argv, &i, 0);
     else if (!strcmp(argv[i], "--steps")) steps = arg_long(argc, argv, &i, 0);
     else if (!strcmp(argv[i], "--warmup")) warmup = arg_long(argc, argv, &i, 0);
+    else if (!strcmp(argv[i], "--max-seconds")) max_s = arg_long(argc, argv, &i, 0);
+    else if (!strcmp(argv[i], "--no-roofline")) roofline = 0;
     else {
-      fprintf(stderr, "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s [--batch N] [--threads T] [--steps S] [--warmup W] [--max-seconds X]"
+              " [--no-roofline]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -108,6 +137,8 @@ int main(int argc, char **argv) {
   }
   if (warmup < 2) warmup = 2; /* the arena settles after its first step */
   dg_set_num_threads((int)threads);
+  rl_result rl;
+  int have_rl = roofline && !cnn_roofline(batch, (int)threads, &rl);
 
   dg_ctx *ctx = NULL;
   dg_params *ps = NULL;
@@ -133,20 +164,28 @@ int main(int argc, char **argv) {
     if (isnan(loss = step(ctx, net, ps, opt, x, y, batch))) return 1;
   bench_trace_from_env("CNN_TRACE_ALLOCS");
   uint64_t a0 = allocs_now(), f0 = frees_now();
-  double t0 = now_s();
-  for (long s = 0; s < steps; s++)
+  double t0 = now_s(), c0 = cpu_s();
+  long done = 0;
+  while (done < steps) {
     if (isnan(loss = step(ctx, net, ps, opt, x, y, batch))) return 1;
-  double dt = now_s() - t0;
+    done++;
+    if (max_s > 0 && now_s() - t0 > (double)max_s) break;
+  }
+  double dt = now_s() - t0, dc = cpu_s() - c0;
+  steps = done;
   uint64_t a1 = allocs_now(), f1 = frees_now();
   bench_trace_allocs(0);
 
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   printf("{\"impl\":\"dgrad\",\"model\":\"cnn\",\"batch\":%ld,\"threads\":%ld,\"steps\":%ld,"
-         "\"steps_per_s\":%.3f,\"peak_rss_mib\":%.1f,\"heap_allocs_per_step\":%.3g,"
-         "\"heap_frees_per_step\":%.3g,\"loss\":%.5f}\n",
-         batch, threads, steps, (double)steps / dt, (double)ru.ru_maxrss / 1024.0,
-         (double)(a1 - a0) / (double)steps, (double)(f1 - f0) / (double)steps, (double)loss);
+         "\"steps_per_s\":%.3f,\"cpu_ms_per_step\":%.4f,\"peak_rss_mib\":%.1f,"
+         "\"heap_allocs_per_step\":%.3g,\"heap_frees_per_step\":%.3g,\"loss\":%.5f",
+         batch, threads, steps, (double)steps / dt, 1e3 * dc / (double)steps,
+         (double)ru.ru_maxrss / 1024.0, (double)(a1 - a0) / (double)steps,
+         (double)(f1 - f0) / (double)steps, (double)loss);
+  roofline_print_json(have_rl ? &rl : NULL, dt / (double)steps);
+  printf("}\n");
   fflush(stdout);
   dg_optim_free(opt);
   dg_module_free(net);

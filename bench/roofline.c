@@ -21,6 +21,15 @@ void rl_mlp(rl_gemm *g, int *n, int64_t rows, const int64_t *dims, int layers) {
   for (int l = 0; l < layers; l++) rl_linear(g, n, rows, dims[l], dims[l + 1], l > 0);
 }
 
+void rl_conv(rl_gemm *g, int *n, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
+             int64_t k, int64_t stride, int64_t pad, int need_dx) {
+  int64_t OH = (H + 2 * pad - k) / stride + 1, OW = (W + 2 * pad - k) / stride + 1;
+  int64_t L = OH * OW, CK = C * k * k;
+  g[(*n)++] = (rl_gemm){0, 0, O, L, CK, N};              /* y[i] (O,L) = w (O,CK) col */
+  g[(*n)++] = (rl_gemm){0, 1, O, CK, L, N};              /* dw += dy[i] (O,L) col^T */
+  if (need_dx) g[(*n)++] = (rl_gemm){1, 0, CK, L, O, N}; /* dcol = w^T dy[i] */
+}
+
 int rl_gpt(rl_gemm *g, int64_t B, int64_t layers, int64_t heads, int64_t dim, int64_t context,
            int64_t vocab) {
   int n = 0;

@@ -27,6 +27,13 @@ void rl_linear(rl_gemm *g, int *n, int64_t rows, int64_t in, int64_t out, int ne
  * Appends to g[*n] (room for 3 * layers). */
 void rl_mlp(rl_gemm *g, int *n, int64_t rows, const int64_t *dims, int layers);
 
+/* The GEMMs of a conv2d layer as the CPU backend runs them (im2col, one
+ * image at a time; backends/cpu/conv.c) over N images (C, H, W) with O
+ * k x k filters: per image y = w col, dw += dy col^T and, when need_dx,
+ * dcol = w^T dy. Appends to g[*n] (room for 3). */
+void rl_conv(rl_gemm *g, int *n, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
+             int64_t k, int64_t stride, int64_t pad, int need_dx);
+
 /* The GEMMs of a step of examples/transformer's model at batch B (bench/gpt.c):
  * the linear layers, attention's six (T, T, head dim) products per (batch,
  * head) counted at half (causal), the head. Writes g (room for 64); returns

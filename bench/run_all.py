@@ -10,6 +10,9 @@ and torch round by round (so a slow patch of a shared machine hits both):
   bench/run_mlp.py          MLP batch 64 and 256, 1 and 2 threads, torch's
                             best setting for the same cores, GEMM roofline
   bench/run_gpt.sh          char-GPT step, 1 and 2 threads, roofline
+  bench/run_cnn.py          the examples/mnist CNN step (batch 64), 1 and 2
+                            threads, torch's best setting, roofline (rows
+                            for information: the issue sets no CNN targets)
   bench/ddp/run_ddp.py      DDP 2 ranks x 1 thread: scaling over TCP and
                             UCX, torch DDP (gloo); then again under the
                             benchmark's own background load (--load, 10% of
@@ -19,7 +22,7 @@ and torch round by round (so a slow patch of a shared machine hits both):
 and prints one table: figure, anchor (what dgrad is measured against),
 dgrad, ratio, target, pass/miss, under a line with the CPU model, cores,
 date, the CPU steal time each part saw and the load. Heap allocations per
-step and peak RSS come from the MLP and GPT runs. Targets are issue 19's
+step and peak RSS come from the MLP, GPT and CNN runs. Targets are issue 19's
 (allreduce and memory: no regression from the figures recorded before).
 
 --quick: 1 round, short runs (a smoke run of a few minutes; its figures are
@@ -68,6 +71,9 @@ def commands(a, tmp):
                  "--out", os.path.join(tmp, "mlp.jsonl")]),
         ("gpt", ["bash", os.path.join(HERE, "run_gpt.sh"), "-b", a.build_dir, "-r", r,
                  "-s", "5" if q else "30", "-o", os.path.join(tmp, "gpt.jsonl")]),
+        ("cnn", [TORCH_PY, os.path.join(HERE, "run_cnn.py"), "--build-dir", a.build_dir,
+                 "--runs", r, "--steps", "5" if q else "30", "--max-seconds", "1" if q else "3",
+                 "--out", os.path.join(tmp, "cnn.jsonl")]),
         # built with OpenBLAS only (it times both); without, no rows
         ("gemm", [os.path.join(a.build_dir, "bench", "gemm_own"), "--rounds", r]
          if os.access(os.path.join(a.build_dir, "bench", "gemm_own"), os.X_OK) else ["true"]),
@@ -85,7 +91,7 @@ def commands(a, tmp):
 
 def executables(a):
     b = a.build_dir
-    return [os.path.join(b, "bench", p) for p in ("mlp", "gpt", "corelat", "ddp/ddp_mlp",
+    return [os.path.join(b, "bench", p) for p in ("mlp", "gpt", "cnn", "corelat", "ddp/ddp_mlp",
                                                    "dist/bench_allreduce")]
 
 
@@ -221,6 +227,17 @@ def gpt_rows(recs):
     return step_rows("char-GPT", by, (70, None), 1.5, 1.8)
 
 
+def cnn_rows(recs):
+    """The examples/mnist CNN at batch 64 (run_cnn.py): for information."""
+    by = {}
+    for r in recs:
+        by.setdefault(r["setting"], []).append(r)
+    d1, d2 = by.get("dgrad t1", []), by.get("dgrad t2", [])
+    return step_rows("CNN batch 64", by, (None, None), None, None) + [
+        row("CNN batch 64, 2 threads vs 1 thread", "dgrad t1 %.1f/s" % med(d1),
+            "%.1f/s" % med(d2), med(d2) / med(d1))]
+
+
 def gemm_rows(lines):
     """dgrad's GEMM (its own kernel where the CPU takes it) against OpenBLAS
     on each step's shapes, one thread (bench/gemm_own.c)."""
@@ -312,12 +329,14 @@ def allreduce_rows(lines):
     return rows
 
 
-def memory_rows(mlp, gpt):
-    dg = [r for r in mlp + gpt if r.get("impl") == "dgrad"]
+def memory_rows(mlp, gpt, cnn):
+    dg = [r for r in mlp + gpt + cnn if r.get("impl") == "dgrad"]
     allocs = max((r["heap_allocs_per_step"] for r in dg), default=NAN)
-    rows = [row("heap allocations per steady-state step (MLP, GPT; max)", "", "%g" % allocs,
-                allocs, "", "==", 0)]
-    for name, recs, want in (("MLP", mlp, 32), ("char-GPT", gpt, 64)):
+    rows = [row("heap allocations per steady-state step (MLP, GPT%s; max)" % (
+        ", CNN" if cnn else ""), "", "%g" % allocs, allocs, "", "==", 0)]
+    for name, recs, want in (("MLP", mlp, 32), ("char-GPT", gpt, 64), ("CNN", cnn, None)):
+        if not recs and want is None:
+            continue
         d = max((r["peak_rss_mib"] for r in recs if r.get("impl") == "dgrad"), default=NAN)
         t = max((r["peak_rss_mib"] for r in recs if r.get("impl") == "torch"), default=NAN)
         rows.append(row("%s peak RSS, MiB (max)" % name, "torch %.0f MiB" % t, "%.1f MiB" % d, d,
@@ -456,10 +475,11 @@ def main():
             json.dump({"t0": t0, "steal": steal, "ok": ok, "command": cmdline, "runs": a.runs,
                        "quick": a.quick, "load": a.load, "loadavg": os.getloadavg()[0]}, f)
     mlp, gpt = read_jsonl(os.path.join(tmp, "mlp.jsonl")), read_jsonl(os.path.join(tmp, "gpt.jsonl"))
+    cnn = read_jsonl(os.path.join(tmp, "cnn.jsonl"))
     quiet, loaded = summary_of(out["ddp"], "scaling"), summary_of(out["ddp_load"], "scaling")
-    rows = (mlp_rows(mlp) + gpt_rows(gpt) + gemm_rows(out["gemm"]) +
-            ddp_rows(quiet, loaded, a.load) +
-            allreduce_rows(out["allreduce"]) + memory_rows(mlp, gpt))
+    rows = (mlp_rows(mlp) + gpt_rows(gpt) + (cnn_rows(cnn) if cnn else []) +
+            gemm_rows(out["gemm"]) + ddp_rows(quiet, loaded, a.load) +
+            allreduce_rows(out["allreduce"]) + memory_rows(mlp, gpt, cnn))
     measured = summary_of(out["ddp_load"], "load").get("measured", NAN)
     tail = phase_lines(quiet, loaded, a.load)
     rtt = rtt_text(quiet, loaded)

@@ -46,23 +46,14 @@ ROOT = os.path.dirname(HERE)
 TORCH_PY = "/usr/bin/python3"
 sys.path.insert(0, HERE)
 from host import steal_s  # noqa: E402
+from torch_setup import STEP_SETTINGS, TORCH_T2  # noqa: E402
 
 # steps and warmup per batch: each run times about 0.5-2 s of steps
 STEPS = {64: (300, 30), 256: (100, 10), 1: (2000, 200)}
 
-# (label, impl, threads, extra env, extra args)
-SETTINGS = [
-    ("dgrad t1", "dgrad", 1, {}, []),
-    ("torch t1", "torch", 1, {}, []),
-    ("dgrad t2", "dgrad", 2, {}, []),
-    ("torch t2 omp=default", "torch", 2, {}, []),
-    ("torch t2 omp=PASSIVE", "torch", 2, {"OMP_WAIT_POLICY": "PASSIVE"}, []),
-    ("torch t2 intra1 blas2", "torch", 1, {}, ["--blas-threads", "2"]),
-    ("torch t1 blas=default", "torch", 1, {}, ["--blas-threads", "0"]),
-]
-
-
-TORCH_T2 = ("torch t2 omp=default", "torch t2 omp=PASSIVE", "torch t2 intra1 blas2")
+# torch_setup.STEP_SETTINGS, and for information torch on 1 thread with
+# OpenBLAS at its default (one thread per core: a plain `import torch`)
+SETTINGS = STEP_SETTINGS + [("torch t1 blas=default", "torch", 1, {}, ["--blas-threads", "0"])]
 
 
 def run_one(mlp, impl, batch, threads, env_extra, args_extra, max_s):

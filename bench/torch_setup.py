@@ -11,6 +11,19 @@ import resource
 import sys
 import time
 
+# The settings the step runners (run_mlp.py, run_cnn.py) interleave, round
+# by round: (label, impl, threads, extra env, extra args). torch's 2-core
+# settings are TORCH_T2; its best is the fastest of them in the same run.
+STEP_SETTINGS = [
+    ("dgrad t1", "dgrad", 1, {}, []),
+    ("torch t1", "torch", 1, {}, []),
+    ("dgrad t2", "dgrad", 2, {}, []),
+    ("torch t2 omp=default", "torch", 2, {}, []),
+    ("torch t2 omp=PASSIVE", "torch", 2, {"OMP_WAIT_POLICY": "PASSIVE"}, []),
+    ("torch t2 intra1 blas2", "torch", 1, {}, ["--blas-threads", "2"]),
+]
+TORCH_T2 = ("torch t2 omp=default", "torch t2 omp=PASSIVE", "torch t2 intra1 blas2")
+
 
 def add_thread_args(ap):
     ap.add_argument("--blas-threads", type=int, default=-1,

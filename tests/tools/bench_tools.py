@@ -38,7 +38,7 @@ if subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=Tru
 p = subprocess.run([sys.executable, os.path.join(root, "bench", "run_all.py"), "--dry-run",
                     "--build-dir", build], capture_output=True, text=True, timeout=60)
 check(p.returncode == 0, "dry run exit %d: %s" % (p.returncode, p.stderr))
-for part in ("mlp", "gpt", "ddp", "ddp_load", "allreduce"):
+for part in ("mlp", "gpt", "cnn", "ddp", "ddp_load", "allreduce"):
     check(any(l.startswith(part + " ") for l in p.stdout.splitlines()), "dry run lists " + part)
 p = subprocess.run([sys.executable, os.path.join(root, "bench", "run_all.py"), "--dry-run",
                     "--build-dir", "/nonexistent-build"], capture_output=True, text=True, timeout=60)
@@ -71,6 +71,32 @@ rs = run_all.gemm_rows(["mlp b64: ta 0 ...", '{"impl":"gemm_own","model":"gpt","
 check(len(rs) == 1 and rs[0]["figure"].startswith("char-GPT") and rs[0]["ratio"] == 1.03
       and "own 103 GFLOP/s" in rs[0]["dgrad"] and run_all.verdict(rs[0]) == "info",
       "gemm rows: %s" % rs)
+
+# the CNN's rows: information only (no targets); its allocations count in
+# the allocation row, its RSS gets a row without a target
+cnn = [{"impl": "dgrad", "setting": "dgrad t1", "threads": 1, "steps_per_s": 30.0,
+        "sgemm_gflops": 70.0, "step_gflops": 49.0, "roofline_pct": 70.0,
+        "gemm_gflop_per_step": 1.6, "heap_allocs_per_step": 0, "peak_rss_mib": 57.0},
+       {"impl": "dgrad", "setting": "dgrad t2", "threads": 2, "steps_per_s": 48.0,
+        "sgemm_gflops": 140.0, "step_gflops": 77.0, "roofline_pct": 55.0,
+        "gemm_gflop_per_step": 1.6, "heap_allocs_per_step": 1, "peak_rss_mib": 62.0},
+       {"impl": "torch", "setting": "torch t1", "threads": 1, "steps_per_s": 20.0,
+        "peak_rss_mib": 290.0},
+       {"impl": "torch", "setting": "torch t2 intra1 blas2", "threads": 1, "steps_per_s": 24.0,
+        "peak_rss_mib": 291.0}]
+rs = run_all.cnn_rows(cnn)
+check(all(run_all.verdict(r) == "info" for r in rs), "cnn rows are info: %s" % rs)
+by = {r["figure"]: r for r in rs}
+check(abs(by["CNN batch 64, 1 thread vs torch"]["ratio"] - 1.5) < 1e-9 and
+      abs(by["CNN batch 64, 2 threads vs torch's best 2-core setting"]["ratio"] - 2.0) < 1e-9 and
+      abs(by["CNN batch 64, 2 threads vs 1 thread"]["ratio"] - 1.6) < 1e-9,
+      "cnn ratios: %s" % rs)
+ms = run_all.memory_rows([], [], cnn)
+check(ms[0]["ratio"] == 1 and run_all.verdict(ms[0]) == "**miss**" and "CNN" in ms[0]["figure"]
+      and any(r["figure"].startswith("CNN peak RSS") and run_all.verdict(r) == "info"
+              for r in ms), "memory rows with the CNN: %s" % ms)
+check(not any(r["figure"].startswith("CNN") for r in run_all.memory_rows([], [], [])),
+      "no CNN memory row without CNN records")
 
 # --write-md replaces the marked block only; refuses a file without one
 with tempfile.TemporaryDirectory() as d:
