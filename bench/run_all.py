@@ -77,10 +77,14 @@ def commands(a, tmp):
         # built with OpenBLAS only (it times both); without, no rows
         ("gemm", [os.path.join(a.build_dir, "bench", "gemm_own"), "--rounds", r]
          if os.access(os.path.join(a.build_dir, "bench", "gemm_own"), os.X_OK) else ["true"]),
-        ("ddp", ddp("300")),
-        # under load, runs of 1000 steps (about 2 s): a burner's bursts come
+        # runs of 1000 steps (about 2 s). Under load: a burner's bursts come
         # every 200 ms or so per core, and a 300-step run (0.55 s) sees 2-3
-        # per core, so its share of the load swung by half from run to run
+        # per core, so its share of the load swung by half from run to run.
+        # Quiet: the host's own hiccups come at about that pace; in 300-step
+        # runs the same data path (ranks on one host) read 92% over TCP and
+        # 77% over UCX in one table, and 5 alternating 1000-step runs of
+        # the two gave the same median (session 32)
+        ("ddp", ddp("1000")),
         ("ddp_load", ddp("1000") + ["--load", str(a.load), "--cases",
                                     "dgrad_1_noddp,dgrad_2_ddp,dgrad_2_ddp_fwd"]),
         ("allreduce", [TORCH_PY, os.path.join(HERE, "dist", "run_allreduce.py"), "--build",

@@ -3,7 +3,8 @@
  * loop with PyTorch's rules, on every SIMD level the CPU has: values bit
  * for bit, and through backward the index each output took (ties go to the
  * first maximum in row-major window order, a NaN wins and a later NaN
- * wins over an earlier one). Data: random values on a coarse grid (many
+ * wins over an earlier one), into a fresh dx and, with x pooled twice,
+ * added into one. Data: random values on a coarse grid (many
  * ties), NaNs, infinities, -0 and +0; widths that leave 0 to 7 outputs of
  * a row past the last whole 8 (OW 1 to 17) and odd sizes (the last row or
  * column dropped). */
@@ -97,6 +98,24 @@ static int check_shape(int64_t N, int64_t C, int64_t H, int64_t W) {
       if (bad++ < 3)
         fprintf(stderr, "  (%lld, %lld, %lld, %lld) dx[%lld] = %g, want %g\n", (long long)N,
                 (long long)C, (long long)H, (long long)W, (long long)i, dx[i], dxr[i]);
+    }
+  /* x pooled twice: the second backward adds into dx */
+  dg_ctx_reset(ctx);
+  for (int64_t o = 0; o < ny; o++) dxr[arg[o]] += dy[o];
+  xt = dg_from_data(ctx, DG_F32, 4, xs, x);
+  REQUIRE(xt);
+  dg_tensor_set_requires_grad(xt, 1);
+  dg_tensor *y2 = dg_add(ctx, dg_maxpool2d(ctx, xt, 2, 2), dg_maxpool2d(ctx, xt, 2, 2));
+  REQUIRE(y2);
+  CHECK_OK(dg_backward_with(ctx, y2, dg_from_data(ctx, DG_F32, 4, ys, dy)));
+  REQUIRE(dg_tensor_grad(xt));
+  dx = dg_tensor_data(dg_tensor_grad(xt));
+  for (int64_t i = 0; i < nx; i++)
+    if (!same_bits(dx[i], dxr[i])) {
+      if (bad++ < 3)
+        fprintf(stderr, "  twice (%lld, %lld, %lld, %lld) dx[%lld] = %g, want %g\n",
+                (long long)N, (long long)C, (long long)H, (long long)W, (long long)i, dx[i],
+                dxr[i]);
     }
   dg_ctx_free(ctx);
   free(x), free(dy), free(yr), free(dxr), free(arg);
