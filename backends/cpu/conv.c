@@ -15,8 +15,10 @@
  * Threads: forward and dx split the batch over the pool (each task its own
  * column scratch, each image's GEMM single-threaded as at 1 thread, so the
  * bits do not depend on the thread count); dw and db, sums over the images,
- * run image by image in order with each dw GEMM split over the pool. Fresh
- * gradients are stored (GEMM beta 0 for the first image), not zeroed. */
+ * run image by image in order with each dw GEMM split over the pool (the
+ * columns of a group of images, one per thread, are built in parallel
+ * first). Fresh gradients are stored (GEMM beta 0 for the first image),
+ * not zeroed. */
 #include <string.h>
 
 #include "backends/cpu/cpu_impl.h"
@@ -277,8 +279,12 @@ static int64_t image_scratch(const dg__conv_geom *g) {
   return (int64_t)conv_tasks(g) * g->C * g->KH * g->KW * g->OH * g->OW;
 }
 
+/* The weight gradient's columns: one (CK, L) block per thread, so that a
+ * group of images' columns is built in parallel (the products that sum
+ * them stay in image order). */
 static int64_t wb_scratch(const dg__conv_geom *g) {
-  return is_pointwise(g) || g->N == 0 ? 0 : g->C * g->KH * g->KW * g->OH * g->OW;
+  if (is_pointwise(g) || g->N == 0) return 0;
+  return (int64_t)conv_tasks(g) * g->C * g->KH * g->KW * g->OH * g->OW;
 }
 
 /* Runs fn over the images: split over the pool by images when there are
@@ -309,6 +315,21 @@ static void cpu_conv_backward_x(const dg__conv_args *a) {
   run_images(&j, a, dx_task);
 }
 
+/* im2col of images i0 + t, one task each, into block t of col. */
+typedef struct {
+  const dg__conv_geom *g;
+  const float *x;
+  float *col;
+  int64_t i0, n;
+} cols_job;
+
+static void cols_task(void *arg, int t) {
+  const cols_job *j = arg;
+  const dg__conv_geom *g = j->g;
+  const int64_t CKL = g->C * g->KH * g->KW * g->OH * g->OW;
+  im2col(g, j->x + (j->i0 + t) * g->C * g->H * g->W, j->col + t * CKL);
+}
+
 static void cpu_conv_backward_wb(const dg__conv_args *a) {
   const dg__conv_geom *g = a->g;
   const int64_t L = g->OH * g->OW, CK = g->C * g->KH * g->KW, O = g->O;
@@ -320,13 +341,24 @@ static void cpu_conv_backward_wb(const dg__conv_args *a) {
     if (db && ob) memset(db, 0, (size_t)O * sizeof *db);
     return;
   }
-  float *col = dw && !is_pointwise(g) ? a->scratch : NULL; /* (CK, L) */
+  /* columns of up to nt images at a time, built over the pool (they were
+   * a serial tenth of the step on 2 threads), each (CK, L) */
+  float *col = dw && !is_pointwise(g) ? a->scratch : NULL;
+  int64_t nt = col ? DG_MAX((int64_t)1, DG_MIN((int64_t)conv_tasks(g), a->nscratch / (CK * L)))
+                   : 1;
+  cols_job cj = {g, a->x, col, 0, 0};
   for (int64_t i = 0; i < g->N; i++) {
     const float *dyi = a->dy + i * O * L; /* (O, L) */
     int first = i == 0;
     if (dw) {
       const float *c = a->x + i * xs;
-      if (col) im2col(g, c, col), c = col;
+      if (col) {
+        if (i == cj.i0 + cj.n) { /* the next group's columns */
+          cj.i0 = i, cj.n = DG_MIN(nt, g->N - i);
+          dg__parallel_for((int)cj.n, cols_task, &cj);
+        }
+        c = col + (i - cj.i0) * CK * L;
+      }
       dg__sgemm(0, 1, O, CK, L, 1.0f, dyi, L, c, L, first && ow ? 0.0f : 1.0f, dw, CK);
     }
     if (db) {
