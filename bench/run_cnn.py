@@ -15,8 +15,9 @@ median of the rounds. Settings:
           see cnn_torch.py); 1 intra-op thread with OpenBLAS on 2 threads
 "torch best t2" is the fastest of the three 2-core torch settings. The
 roofline: every dgrad run times OpenBLAS sgemm on the step's own GEMMs first
-(bench/roofline.h, roofline_pct); torch's share is its 1-thread step rate
-against the same measurement. Every record carries steal_s, the machine's
+(bench/roofline.h, roofline_pct); torch's share is its step rate (1 thread,
+and its best 2-core setting) against the same measurement. --max-seconds
+caps dgrad's runs only (torch's run their --steps). Every record carries steal_s, the machine's
 CPU steal time during the run (/proc/stat). No targets: the CNN is reported
 for information (bench/run_all.py's CNN rows).
 Needs only the standard library; torch is only needed by cnn_torch.py, which

@@ -142,12 +142,12 @@ DG_INLINE void im2col_body(const dg__conv_geom *g, const float *restrict x,
             continue;
           }
           const float *restrict src = x + (c * g->H + ih) * g->W + kw - g->p; /* col ow*s */
-          for (int64_t ow = 0; ow < lo; ow++) d[ow] = 0.0f;
+          fill_floats(d, 0.0f, lo);
           if (s == 1)
             copy_floats(d + lo, src + lo, hi - lo);
           else
             for (int64_t ow = lo; ow < hi; ow++) d[ow] = src[ow * s];
-          for (int64_t ow = hi; ow < OW; ow++) d[ow] = 0.0f;
+          fill_floats(d + hi, 0.0f, OW - hi);
         }
       }
 }
@@ -156,7 +156,8 @@ DG_SIMD_FN(im2col, (const dg__conv_geom *g, const float *x, float *col), (g, x, 
 /* dx (C, H, W) += col2im(dcol (C*KH*KW, OH*OW)); padding taps are dropped.
  * A "same" convolution's tap adds its run flat, as im2col copied it, after
  * setting dcol's padding columns (scratch) to -0: x + -0 is x for every x
- * (also -0 and NaN), so the elements they land on keep their bits, and
+ * (also -0 and a quiet NaN, rounding to nearest as dgrad runs), so the
+ * elements they land on keep their bits, and
  * every element gets the same adds in the same order as row by row.
  * Compiled per SIMD level (one add per element: the same bits on each). */
 DG_INLINE void col2im_add_body(const dg__conv_geom *g, float *restrict dcol,

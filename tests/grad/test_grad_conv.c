@@ -243,6 +243,10 @@ int main(void) {
   grad_conv("conv s2 p0 2x2", (conv_cfg){1, 3, 6, 7, 2, 2, 2, 2, 0, 1, 0}, 40, 1);
   grad_conv("conv s3 p2 5x3", (conv_cfg){2, 2, 7, 8, 2, 5, 3, 3, 2, 1, 0}, 50, 1);
   grad_conv("conv 1x1", (conv_cfg){2, 3, 4, 3, 2, 1, 1, 1, 0, 1, 0}, 60, 1);
+  /* stride 1 with OW == W: im2col's flat copy and col2im's flat add */
+  grad_conv("conv same 5x5 p2", (conv_cfg){1, 2, 5, 9, 2, 5, 5, 1, 2, 1, 0}, 62, 1);
+  grad_conv("conv same 1x3 p1", (conv_cfg){1, 2, 4, 6, 2, 1, 3, 1, 1, 1, 0}, 64, 1);
+  grad_conv("conv same 5x3 p1", (conv_cfg){2, 2, 7, 5, 2, 5, 3, 1, 1, 0, 0}, 66, 1);
   grad_conv("conv transposed-view x", (conv_cfg){2, 2, 5, 4, 3, 3, 3, 1, 1, 1, 1}, 70, 1);
   grad_conv("conv w,b only", (conv_cfg){2, 3, 5, 5, 2, 3, 3, 2, 1, 1, 0}, 80, 0);
   grad_pool("maxpool k2 s2", 2, 3, 4, 6, 2, 2);

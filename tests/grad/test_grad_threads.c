@@ -89,6 +89,8 @@ static const op_case cases[] = {
     {"layernorm strided", f_layernorm_t, 3, {2, 1, 1}, {{300, 700}, {300}, {300}}, -3, 3},
     {"permute+gelu", f_permute, 1, {3}, {{16, 64, 256}}, -2, 2},
     {"conv2d 3x3", f_conv, 3, {4, 4, 1}, {{8, 16, 20, 20}, {32, 16, 3, 3}, {32}}, -1, 1},
+    /* 7 images: the weight gradient's last group of columns is partial */
+    {"conv2d 3x3 N7", f_conv, 3, {4, 4, 1}, {{7, 16, 20, 20}, {32, 16, 3, 3}, {32}}, -1, 1},
     {"conv2d 1x1", f_conv_pw, 3, {4, 4, 1}, {{6, 16, 20, 20}, {24, 16, 1, 1}, {24}}, -1, 1},
     {"maxpool2d", f_pool, 1, {4}, {{8, 32, 28, 28}}, -1, 1},
     {"avgpool2d 3/2", f_avgpool, 1, {4}, {{8, 32, 28, 28}}, -1, 1},

@@ -5,9 +5,9 @@
  * first maximum in row-major window order, a NaN wins and a later NaN
  * wins over an earlier one), into a fresh dx and, with x pooled twice,
  * added into one. Data: random values on a coarse grid (many
- * ties), NaNs, infinities, -0 and +0; widths that leave 0 to 7 outputs of
- * a row past the last whole 8 (OW 1 to 17) and odd sizes (the last row or
- * column dropped). */
+ * ties), NaNs, infinities, -0 and +0; widths that leave every count of
+ * outputs, 0 to 7, past a row's last whole 8 (OW 1 to 17) and odd sizes
+ * (the last row or column dropped). */
 #include <dgrad.h>
 #include <math.h>
 #include <stdint.h>
@@ -126,7 +126,8 @@ int main(void) {
   static const int64_t shapes[][4] = {
       {2, 3, 28, 28}, {2, 3, 14, 14}, {1, 2, 4, 4},  {1, 1, 2, 2},  {1, 2, 5, 7},
       {1, 1, 3, 34},  {2, 1, 6, 17},  {1, 3, 8, 33}, {1, 1, 7, 18}, {3, 2, 10, 32},
-      {1, 1, 2, 31},  {1, 1, 4, 30},  {64, 4, 6, 9}};
+      {1, 1, 2, 31},  {1, 1, 4, 30},  {64, 4, 6, 9},  {1, 1, 2, 10}, {1, 2, 3, 27},
+      {8, 32, 28, 28}}; /* the last: enough planes for 2 threads to split them */
   const int ns = (int)(sizeof shapes / sizeof *shapes);
   int top = dg__simd_isa();
   for (int isa = DG_ISA_BASE; isa <= top; isa++) {
