@@ -17,9 +17,9 @@ median of the rounds. Settings:
 roofline: every dgrad run times OpenBLAS sgemm on the step's own GEMMs first
 (bench/roofline.h, roofline_pct); torch's share is its step rate (1 thread,
 and its best 2-core setting) against the same measurement. --max-seconds
-caps dgrad's runs only (torch's run their --steps). Every record carries steal_s, the machine's
-CPU steal time during the run (/proc/stat). No targets: the CNN is reported
-for information (bench/run_all.py's CNN rows).
+caps dgrad's runs only (torch's run their --steps). Every record carries
+steal_s, the machine's CPU steal time during the run (/proc/stat). No
+targets: the CNN is reported for information (bench/run_all.py's CNN rows).
 Needs only the standard library; torch is only needed by cnn_torch.py, which
 runs under /usr/bin/python3 (Debian's python3-torch).
 """

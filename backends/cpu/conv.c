@@ -157,8 +157,8 @@ DG_SIMD_FN(im2col, (const dg__conv_geom *g, const float *x, float *col), (g, x, 
  * A "same" convolution's tap adds its run flat, as im2col copied it, after
  * setting dcol's padding columns (scratch) to -0: x + -0 is x for every x
  * (also -0 and a quiet NaN, rounding to nearest as dgrad runs), so the
- * elements they land on keep their bits, and
- * every element gets the same adds in the same order as row by row.
+ * elements they land on keep their bits, and every element gets the same
+ * adds in the same order as row by row.
  * Compiled per SIMD level (one add per element: the same bits on each). */
 DG_INLINE void col2im_add_body(const dg__conv_geom *g, float *restrict dcol,
                                float *restrict dx) {

@@ -140,6 +140,13 @@ void dg__simd_force(int isa);
     else if (isa_ == DG_ISA_AVX2) name##_avx2 args;                       \
     else name##_base args;                                                \
   }
+#include <immintrin.h>
+/* Lanes below n (clamped to 0..8) of an AVX2 mask: maskload leaves the
+ * others 0 and never touches their memory. */
+DG_TARGET_AVX2 DG_INLINE __m256i dg__lanes8(int64_t n) {
+  static const int32_t t[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256((const __m256i *)(t + 8 - (n < 0 ? 0 : n > 8 ? 8 : n)));
+}
 #else
 #define DG_SIMD_FN(name, params, args) \
   static void name params { name##_body args; }

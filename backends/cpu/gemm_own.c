@@ -52,8 +52,6 @@ static void transpose_plain(const float *S, int64_t lds, int64_t rows, int64_t c
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#include <immintrin.h>
-
 #define MR 8                  /* rows of a micro-tile: 8 broadcasts per k */
 #define NR 32                 /* columns: two 16-lane vectors */
 #define KC_MAX 512            /* a pass: the A sliver (MR x KC) is 16 KiB, L1 */
@@ -626,12 +624,6 @@ DG_TARGET_AVX512 static void transpose512(const float *S, int64_t lds, int64_t r
 #define B_AHEAD 8 /* rows of B a block's packing fetches ahead: 3-5% on 128x512x1024 */
 _Static_assert(AG2 * MR2 + 1 <= AG * MR, "the A buffer holds AG2 slivers and 2 floats more");
 
-/* Lanes below n (0..8) of an AVX2 mask; maskload leaves the rest 0 and
- * never touches their memory. */
-DG_TARGET_AVX2 DG_INLINE __m256i lanes8(int64_t n) {
-  static const int32_t t[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-  return _mm256_loadu_si256((const __m256i *)(t + 8 - DG_MAX(DG_MIN(n, 8), 0)));
-}
 #define LOAD8(full, m, p) ((full) ? _mm256_loadu_ps(p) : _mm256_maskload_ps((p), (m)))
 
 /* d[k * ldd + c] = s[c * ld + k] for rows c < n of s and k < kt (<= 8);
@@ -639,7 +631,7 @@ DG_TARGET_AVX2 DG_INLINE __m256i lanes8(int64_t n) {
 DG_TARGET_AVX2 DG_INLINE void tr8(const float *s, int64_t ld, int n, int kt, float *d,
                                   int64_t ldd) {
   __m256 r[8], t[8];
-  __m256i km = lanes8(kt);
+  __m256i km = dg__lanes8(kt);
   _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) /* plain loads where whole */
     r[c] = c >= n     ? _mm256_setzero_ps()
            : kt == 8 ? _mm256_loadu_ps(s + c * ld)
@@ -667,11 +659,11 @@ DG_TARGET_AVX2 static void pack_a2(int ta, const float *A, int64_t lda, int64_t 
                                    int64_t k0, int64_t kc, float *ap) {
   if (ta) { /* op(A)(i, k) = A[k][i]: each sliver's floats of row k, one masked load */
     int ns = (int)((mr + MR2 - 1) / MR2);
-    __m256i six = lanes8(MR2);
+    __m256i six = dg__lanes8(MR2);
     for (int64_t k = 0; k < kc; k++) {
       const float *s = A + (k0 + k) * lda + i0;
       for (int q = 0; q < ns; q++) {
-        __m256 v = _mm256_maskload_ps(s + q * MR2, lanes8(DG_MIN(mr - q * MR2, MR2)));
+        __m256 v = _mm256_maskload_ps(s + q * MR2, dg__lanes8(DG_MIN(mr - q * MR2, MR2)));
         if (k + 1 < kc) /* the 2 floats past it: row k + 1's, stored next */
           _mm256_storeu_ps(ap + (q * kc + k) * MR2, v);
         else /* past the sliver: the next one's first row, stored already */
@@ -692,7 +684,7 @@ DG_TARGET_AVX2 static void pack_a2(int ta, const float *A, int64_t lda, int64_t 
 DG_TARGET_AVX2 static void pack_b2(int tb, const float *B, int64_t ldb, int64_t j0, int64_t nc,
                                    int64_t k0, int64_t kc, float *bp) {
   if (!tb) { /* row k of B holds every panel's 16 floats: read it whole, in order */
-    __m256i m0 = lanes8(nc % NR2), m1 = lanes8(nc % NR2 - 8); /* the last panel's */
+    __m256i m0 = dg__lanes8(nc % NR2), m1 = dg__lanes8(nc % NR2 - 8); /* the last panel's */
     for (int64_t k = 0; k < kc; k++) {
       const float *s = B + (k0 + k) * ldb + j0;
       float *d = bp + k * NR2;
@@ -726,7 +718,7 @@ DG_TARGET_AVX2 static void pack_b2(int tb, const float *B, int64_t ldb, int64_t 
 DG_TARGET_AVX2 DG_INLINE void epi8(const own_epi *e, __m256 acc, float *C, int64_t o, int n,
                                    __m256 tb, int first) {
   int full = n >= 8;
-  __m256i m = lanes8(n);
+  __m256i m = dg__lanes8(n);
   float *c = C + o;
   __m256 x = _mm256_mul_ps(_mm256_set1_ps(e->alpha), acc);
   __asm__("" : "+x"(x));
@@ -785,8 +777,8 @@ DG_TARGET_AVX2 DG_INLINE void tile2_body(int64_t kc, const float *restrict ap, i
   }
   __m256 tb0 = _mm256_setzero_ps(), tb1 = tb0;
   if (add && e->bias) {
-    tb0 = LOAD8(nr >= 8, lanes8(nr), e->bias);
-    if (nv > 1) tb1 = LOAD8(nr >= 16, lanes8(nr - 8), e->bias + 8);
+    tb0 = LOAD8(nr >= 8, dg__lanes8(nr), e->bias);
+    if (nv > 1) tb1 = LOAD8(nr >= 16, dg__lanes8(nr - 8), e->bias + 8);
   }
   _Pragma("GCC unroll 6") for (int r = 0; r < MR2; r++) {
     if (r >= mr) break;
@@ -818,7 +810,7 @@ DG_TARGET_AVX2 DG_INLINE void small2_body(int64_t K, const float *a, int64_t ars
   _Pragma("GCC unroll 4") for (int r = 0; r < MRS2; r++) off[r] = (r < mr ? r : 0) * ars;
   __m256 c0[MRS2], c1[MRS2];
   _Pragma("GCC unroll 4") for (int r = 0; r < MRS2; r++) c0[r] = c1[r] = _mm256_setzero_ps();
-  __m256i m0 = lanes8(nr), m1 = lanes8(nr - 8);
+  __m256i m0 = dg__lanes8(nr), m1 = dg__lanes8(nr - 8);
   for (int64_t k = 0; k < K; k++, a += aks, b += ldb) {
     __m256 b0 = LOAD8(full, m0, b), b1 = nv > 1 ? LOAD8(full, m1, b + 8) : b0;
     _Pragma("GCC unroll 4") for (int r = 0; r < MRS2; r++) {
@@ -859,7 +851,7 @@ DG_TARGET_AVX2 static void transpose256(const float *S, int64_t lds, int64_t row
       for (int q = 0; q < kt; q++) { /* a Zen 3 runs a masked store several times slower */
         float *d = D + (c0 + q) * ldd + r0;
         if (n == 8) _mm256_storeu_ps(d, _mm256_load_ps(t + q * 8));
-        else _mm256_maskstore_ps(d, lanes8(n), _mm256_load_ps(t + q * 8));
+        else _mm256_maskstore_ps(d, dg__lanes8(n), _mm256_load_ps(t + q * 8));
       }
     }
   }

@@ -55,14 +55,6 @@ static void pool_plane_2x2(const pool_job *g, const float *restrict x, float *re
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#include <immintrin.h>
-
-/* The first n (0..8) lanes of an AVX2 mask. */
-DG_TARGET_AVX2 DG_INLINE __m256i first_lanes(int64_t n) {
-  static const int32_t t[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-  return _mm256_loadu_si256((const __m256i *)(t + 8 - DG_MAX(DG_MIN(n, 8), 0)));
-}
-
 /* Elements 0, 2, .. 14 (odd: 1, 3, .. 15) of the 16 floats lo, hi. */
 DG_TARGET_AVX2 DG_INLINE __m256 pick_even(__m256 lo, __m256 hi, int odd) {
   __m256 t = odd ? _mm256_shuffle_ps(lo, hi, 0xDD) : _mm256_shuffle_ps(lo, hi, 0x88);
@@ -97,7 +89,7 @@ DG_TARGET_AVX2 static void pool_plane_2x2_avx2(const pool_job *g, const float *r
         a0 = _mm256_loadu_ps(r0 + c), a1 = _mm256_loadu_ps(r0 + c + 8);
         b0 = _mm256_loadu_ps(r1 + c), b1 = _mm256_loadu_ps(r1 + c + 8);
       } else {
-        __m256i k0 = first_lanes(2 * n), k1 = first_lanes(2 * n - 8);
+        __m256i k0 = dg__lanes8(2 * n), k1 = dg__lanes8(2 * n - 8);
         a0 = _mm256_maskload_ps(r0 + c, k0), a1 = _mm256_maskload_ps(r0 + c + 8, k1);
         b0 = _mm256_maskload_ps(r1 + c, k0), b1 = _mm256_maskload_ps(r1 + c + 8, k1);
       }
